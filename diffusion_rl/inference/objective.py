@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from diffusion_rl.inference.augment import RandomViews
 from mmreward.errors import ConfigError, RewardInputError
 from mmreward.types import Reward
 
@@ -57,8 +58,10 @@ def parse_weighted(items: Iterable[str]) -> dict[str, float]:
 class RewardObjective:
     """Weighted rewards scored together: `objective(prompts, images) -> (total (B,), {name: raw (B,)})`."""
 
-    def __init__(self, terms: Iterable[RewardTerm]) -> None:
+    def __init__(self, terms: Iterable[RewardTerm], augment: RandomViews | None = None) -> None:
+        """augment: score every reward as the mean over random views of each image (see augment.py)."""
         self.terms = list(terms)
+        self.augment = augment
         if not self.terms:
             raise ConfigError("rewards: expected at least one (name, weight, reward) term, got none")
         names = [t.name for t in self.terms]
@@ -75,6 +78,7 @@ class RewardObjective:
         dtype: str | torch.dtype | None = None,
         reward_weights: str = "pretrained",
         details: Mapping[str, str] | None = None,
+        augment: RandomViews | None = None,
     ) -> RewardObjective:
         """Load each reward with `mmreward.load(name, **options[name])`.
 
@@ -95,7 +99,7 @@ class RewardObjective:
                 opts = {**get_spec(name.split(":")[0]).tiny_options, **opts}
             reward = mmreward.load(name, device=device, dtype=dtype, weights=reward_weights, **opts)
             terms.append(RewardTerm(name, float(weight), reward, details.get(name)))
-        return cls(terms)
+        return cls(terms, augment=augment)
 
     @property
     def differentiable(self) -> bool:
@@ -115,7 +119,13 @@ class RewardObjective:
                 f"images: expected (B, 3, H, W) with B = {len(prompts)} prompts, got {tuple(images.shape)}"
             )
         raw: dict[str, torch.Tensor] = {}
-        total = images.new_zeros(images.shape[0], dtype=torch.float32)
+        b = images.shape[0]
+        total = images.new_zeros(b, dtype=torch.float32)
+        views = 1
+        if self.augment is not None:
+            images = self.augment(images)
+            views = images.shape[0] // b
+            prompts = prompts * views
         for term in self.terms:
             out = term.reward.score(prompts, images)
             if term.detail is None:
@@ -126,7 +136,7 @@ class RewardObjective:
                 raise ConfigError(
                     f"reward '{term.name}' has no detail {term.detail!r}; its details are {sorted(out.details)}"
                 )
-            scores = scores.to(total.device)
+            scores = scores.to(total.device).view(views, b).mean(0)
             raw[term.name] = scores
             total = total + term.weight * term.sign * scores
         return total, raw

@@ -53,15 +53,28 @@ class ClipTrainConfig:
     eval_images: int = 200  # per category
     region_fraction: float = 0.0  # share of each batch that is a one-object scene captioned with its quadrant
     init: str = ""  # CLIP folder to start from ("" = random init)
+    # share of the batch's scenes that also get a corrupted copy (wrong colour/shape, a missing object,
+    # swapped positions) as an extra image: a hard negative in the text->image direction only
+    hard_negatives: float = 0.0
+    degrade: float = 0.0  # max level of pixel damage (blur/noise/contrast/holes) applied to every image
+    # GeneratedPool files, comma-separated (mmreward.synthetic.generated_pool): each batch adds `generated_groups` prompts with
+    # one generator sample the checker accepts (a positive pair) and one it rejects (a hard negative image)
+    generated: str = ""
+    generated_groups: int = 8
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 2:
             raise ConfigError(f"steps must be >= 1 and batch_size >= 2, got {self.steps}, {self.batch_size}")
-        if not 0.0 <= self.region_fraction <= 1.0:
-            raise ConfigError(f"region_fraction must be in [0, 1], got {self.region_fraction}")
+        for name in ("region_fraction", "hard_negatives", "degrade"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.init and not Path(self.init).is_dir():
             raise ConfigError(f"init: expected a CLIP folder, got {self.init!r} (not a directory); "
                               "build it with `python -m mmreward.synthetic.build_assets --only clip`")
+        for path in filter(None, self.generated.split(",")):
+            if not Path(path).is_file():
+                raise ConfigError(f"generated: {path!r} is not a file; build it with "
+                                  "`python -m mmreward.synthetic.generated_pool --out PATH`")
         if self.image_size not in (32, 64):
             raise ConfigError(f"image_size must be 32 or 64, got {self.image_size}")
 
@@ -91,6 +104,23 @@ def normalize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     mean = torch.tensor(CLIP_MEAN, device=images.device).view(1, 3, 1, 1)
     std = torch.tensor(CLIP_STD, device=images.device).view(1, 3, 1, 1)
     return (images - mean) / std
+
+
+def contrastive_loss(logits_per_text: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Multi-positive symmetric InfoNCE on (T, I) logits, I >= T; target (T, T) rows are distributions.
+
+    Image columns beyond the T captioned ones are hard negatives: no caption is theirs, so they enter only
+    the text->image softmax, where they must lose to the true image.
+    """
+    n = target.shape[0]
+    text_to_image = F.pad(target, (0, logits_per_text.shape[1] - n))
+    return 0.5 * (torch.sum(-text_to_image * logits_per_text.log_softmax(1), 1).mean()
+                  + torch.sum(-target * logits_per_text[:, :n].T.log_softmax(1), 1).mean())
+
+
+def caption_text(prompt: str, photo: bool) -> str:
+    """A plain ShapesWorld caption, or its "a photo of ..." phrasing."""
+    return f"a photo of {prompt}" if photo else prompt
 
 
 REGION_NAMES = ("top left", "top right", "bottom left", "bottom right")
@@ -128,7 +158,8 @@ def region_scenes(n: int, rng: random.Random) -> list:
     return out
 
 
-def _batch(step: int, cfg: ClipTrainConfig):
+def _batch(step: int, cfg: ClipTrainConfig, pool=None):
+    """Images (rendered positives, generated positives, then hard negatives), their captions and targets."""
     from mmreward.synthetic.scenes import render
 
     n_region = round(cfg.region_fraction * cfg.batch_size)
@@ -141,8 +172,33 @@ def _batch(step: int, cfg: ClipTrainConfig):
         scenes = scenes + extra
         texts += [region_caption(s, photo=rng.random() < 0.5) for s in extra]
         keys += [region_caption(s) for s in extra]
+    images = render(scenes, cfg.image_size)
+    negatives = []
+    if pool is not None:
+        groups = pool.contrast_groups()
+        pick = random.Random(f"generated/{cfg.seed}/{step}")
+        chosen = [groups[pick.randrange(len(groups))] for _ in range(cfg.generated_groups)]
+        good = [pick.choice(g[0]) for g in chosen]
+        bad = [pick.choice(g[1]) for g in chosen]
+        to_float = lambda idx: F.interpolate(pool.images[idx].float() / 255, size=images.shape[-2:], mode="area")  # noqa: E731
+        images = torch.cat([images, to_float(good)])
+        texts += [caption_text(pool.prompts[i], photo=rng.random() < 0.5) for i in good]
+        keys += [pool.prompts[i] for i in good]
+        negatives.append(to_float(bad))
     same = torch.tensor([[a == b for b in keys] for a in keys], dtype=torch.float32)
-    return render(scenes, cfg.image_size), texts, same / same.sum(1, keepdim=True)
+    n_hard = round(cfg.hard_negatives * len(scenes))
+    if n_hard:
+        from mmreward.synthetic.corruptions import corrupt_scene
+
+        hard_rng = random.Random(f"hard/{cfg.seed}/{step}")
+        negatives.insert(0, render([corrupt_scene(s, hard_rng) for s in scenes[:n_hard]], cfg.image_size))
+    images = torch.cat([images, *negatives])
+    if cfg.degrade > 0:
+        from mmreward.synthetic.corruptions import degrade
+
+        gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+        images = degrade(images, cfg.degrade * torch.rand(images.shape[0], generator=gen), gen)
+    return images, texts, same / same.sum(1, keepdim=True)
 
 
 @torch.no_grad()
@@ -225,17 +281,22 @@ def train(cfg: ClipTrainConfig) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(s / cfg.steps, 1)))
     )
+    pool = None
+    if cfg.generated:
+        from mmreward.synthetic.generated_pool import GeneratedPool
+
+        pool = GeneratedPool.load_many(cfg.generated)
+        if not pool.contrast_groups():
+            raise ConfigError(f"generated: {cfg.generated} has no prompt with both accepted and rejected samples")
     t0 = time.time()
     bar = tqdm(range(cfg.steps), desc="clip", mininterval=10)
     for step in bar:
         model.train()
-        images, texts, target = _batch(step, cfg)
+        images, texts, target = _batch(step, cfg, pool)
         tok = tokenizer(texts, padding="max_length", max_length=TEXT_LENGTH, truncation=True, return_tensors="pt")
         res = model(input_ids=tok.input_ids, attention_mask=tok.attention_mask,
                     pixel_values=normalize_images(images, cfg.image_size))
-        logits = res.logits_per_image
-        loss = 0.5 * (torch.sum(-target * logits.log_softmax(1), 1).mean()
-                      + torch.sum(-target * logits.T.log_softmax(1), 1).mean())
+        loss = contrastive_loss(res.logits_per_text, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

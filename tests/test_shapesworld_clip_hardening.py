@@ -1,0 +1,88 @@
+"""CLIP training with hard negatives: corrupted renders and generator samples the checker rejects."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmreward.errors import ConfigError, RewardInputError
+from mmreward.synthetic import train_clip
+from mmreward.synthetic.generated_pool import GeneratedPool
+from mmreward.synthetic.train_clip import ClipTrainConfig
+
+
+def _pool(tmp_path, name="pool.pt", prompts=("a red circle", "a red circle", "a blue square", "a blue square", "two crosses"),
+          strict=(1.0, 0.0, 0.0, 0.0, 1.0)):
+    n = len(prompts)
+    d = {"images": torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8), "prompts": list(prompts),
+         "strict": torch.tensor(strict), "partial": torch.tensor(strict)}
+    path = tmp_path / name
+    torch.save(d, path)
+    return path, d
+
+
+def test_contrast_groups_pair_accepted_with_rejected_samples_of_one_prompt(tmp_path):
+    path, _ = _pool(tmp_path)
+    pool = GeneratedPool.load(path)
+    # only "a red circle" has both verdicts
+    assert pool.contrast_groups() == [([0], [1])]
+    path2, _ = _pool(tmp_path, "b.pt", prompts=("a blue square",), strict=(1.0,))
+    both = GeneratedPool.load_many(f"{path},{path2}")
+    assert len(both.prompts) == 6
+    assert sorted(both.contrast_groups()) == [([0], [1]), ([5], [2, 3])]
+
+
+def test_pool_errors_are_typed(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        GeneratedPool.load(tmp_path / "missing.pt")
+    with pytest.raises(RewardInputError, match="one entry per sample"):
+        GeneratedPool(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), ["a"], torch.zeros(2), torch.zeros(2))
+    with pytest.raises(RewardInputError, match="uint8"):
+        GeneratedPool(torch.zeros(1, 3, 4, 4), ["a"], torch.zeros(1), torch.zeros(1))
+    with pytest.raises(ConfigError, match="is not a file"):
+        ClipTrainConfig(generated=str(tmp_path / "nope.pt"))
+    with pytest.raises(ConfigError, match="hard_negatives must be in"):
+        ClipTrainConfig(hard_negatives=2.0)
+
+
+def test_batch_puts_positives_first_and_hard_negatives_after(tmp_path):
+    path, d = _pool(tmp_path)
+    cfg = ClipTrainConfig(batch_size=8, hard_negatives=0.5, generated=str(path), generated_groups=3)
+    pool = GeneratedPool.load(path)
+    images, texts, target = train_clip._batch(5, cfg, pool)
+    # 8 rendered positives + 3 accepted generated samples, then 4 corrupted renders + 3 rejected samples
+    assert len(texts) == 11 and target.shape == (11, 11)
+    assert images.shape == (11 + 4 + 3, 3, 32, 32)
+    assert torch.allclose(target.sum(1), torch.ones(11))
+    accepted = d["images"][0].float() / 255
+    rejected = d["images"][1].float() / 255
+    assert all(torch.allclose(images[8 + k], accepted) for k in range(3))
+    assert all(torch.allclose(images[15 + k], rejected) for k in range(3))
+    assert texts[8:].count("a red circle") + texts[8:].count("a photo of a red circle") == 3
+    # each corrupted render differs from the scene it came from
+    plain, _, _ = train_clip._batch(5, ClipTrainConfig(batch_size=8), None)
+    assert all(not torch.allclose(images[11 + k], plain[k]) for k in range(4))
+
+
+def test_hard_negative_loss_reduces_to_symmetric_infonce_without_negatives():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 5)
+    target = torch.eye(5)
+    ref = 0.5 * (F.cross_entropy(logits, torch.arange(5)) + F.cross_entropy(logits.T, torch.arange(5)))
+    assert torch.allclose(train_clip.contrastive_loss(logits, target), ref, atol=1e-6)
+    # an extra image column that matches a caption strongly raises only the text->image term
+    extra = torch.cat([logits, torch.full((5, 1), 10.0)], 1)
+    t2i = F.cross_entropy(extra, torch.arange(5))
+    assert torch.allclose(train_clip.contrastive_loss(extra, target),
+                          0.5 * (t2i + F.cross_entropy(logits.T, torch.arange(5))), atol=1e-6)
+
+
+def test_clip_trainer_smoke_with_pool_and_negatives(tmp_path):
+    path, _ = _pool(tmp_path)
+    out = tmp_path / "clip"
+    metrics = train_clip.main(["--out", str(out), "--steps", "2", "--batch-size", "8", "--eval-images", "4",
+                               "--hard-negatives", "0.5", "--degrade", "0.3", "--generated", str(path),
+                               "--generated-groups", "2"])
+    assert all(0 <= m["top1"] <= 1 for m in metrics.values())
+    assert (out / "model.safetensors").is_file()
