@@ -64,3 +64,20 @@ def test_cli_errors_are_clear(tiny_pipeline_dir, tmp_path, capsys):
     assert "NAME=WEIGHT" in capsys.readouterr().err
     assert main(["best-of-n", *base, "--reward", "mock=1"]) == 2
     assert "at least one prompt" in capsys.readouterr().err
+
+
+def test_reno_cli_random_views_change_the_objective_not_the_outputs(tiny_pipeline_dir, tmp_path):
+    plain_out, views_out = tmp_path / "plain", tmp_path / "views"
+    args = ["--prompt", "a red circle", "--reward", "mock=1", "--iters", "1"]
+    assert main(["reno", *_base(tiny_pipeline_dir, plain_out), *args]) == 0
+    assert main(["reno", *_base(tiny_pipeline_dir, views_out), *args, "--views", "4", "--view-noise", "0.2"]) == 0
+    plain = json.loads((plain_out / "history.jsonl").read_text().splitlines()[0])
+    viewed = json.loads((views_out / "history.jsonl").read_text().splitlines()[0])
+    # same initial noise and image; the objective is an average over noisy views, so its value moves
+    assert (plain_out / "initial_000.png").read_bytes() == (views_out / "initial_000.png").read_bytes()
+    assert viewed["mock"][0] != pytest.approx(plain["mock"][0], rel=1e-4)
+
+def test_reno_cli_rejects_zero_views(tiny_pipeline_dir, tmp_path, capsys):
+    args = ["--prompt", "a red circle", "--reward", "mock=1", "--iters", "1", "--views", "0"]
+    assert main(["reno", *_base(tiny_pipeline_dir, tmp_path / "bad"), *args]) == 2
+    assert "views must be >= 1" in capsys.readouterr().err

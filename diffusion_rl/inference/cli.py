@@ -54,6 +54,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     reno.add_argument("--no-nesterov", action="store_true", help="plain momentum instead of Nesterov")
     reno.add_argument("--grad-clip", type=float, default=0.1, help="per-prompt gradient-norm clip")
     reno.add_argument("--reg-weight", type=float, default=0.01, help="weight of the noise-norm regulariser (0: off)")
+    reno.add_argument("--views", type=int, default=1,
+                      help="optimise the mean reward over this many random views (shift/blur/noise; 1: off). "
+                           "Helps against adversarial textures when the reward model is small")
+    reno.add_argument("--view-shift", type=int, default=2, help="random views: max shift in pixels")
+    reno.add_argument("--view-blur", type=float, default=1.0, help="random views: max Gaussian blur sigma")
+    reno.add_argument("--view-noise", type=float, default=0.03, help="random views: pixel noise std")
     reno.add_argument("--gradient-checkpointing", action="store_true", help="recompute denoiser/VAE activations")
     reno.add_argument("--explore", type=int, default=0, help="CARINOX-style: explore this many noises per prompt first")
     reno.add_argument("--top-k", type=int, default=1, help="with --explore: optimise the best k explored noises")
@@ -96,11 +102,15 @@ def _setup(args, differentiable: bool):
     from diffusion_rl.inference.objective import RewardObjective, parse_weighted
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from diffusion_rl.inference.augment import RandomViews
+
     weights = parse_weighted(args.reward)
     checkpoints = _pairs(args.reward_checkpoint, "--reward-checkpoint")
+    views = getattr(args, "views", 1)
+    augment = RandomViews(views, args.view_shift, args.view_blur, args.view_noise, seed=args.seed) if views != 1 else None
     objective = RewardObjective.load(
         weights, options={k: {"checkpoint": v} for k, v in checkpoints.items()}, device=device,
-        reward_weights=args.reward_weights, details=_pairs(args.reward_detail, "--reward-detail"),
+        reward_weights=args.reward_weights, details=_pairs(args.reward_detail, "--reward-detail"), augment=augment,
     )
     if differentiable:
         objective.require_differentiable("ReNO")

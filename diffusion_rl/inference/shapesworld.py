@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,24 @@ def held_out_prompts(per_category: int, categories: Sequence[str] | None = None)
     return out
 
 
+def reserved_prompts(per_category: int, categories: Sequence[str] | None = None) -> list[str]:
+    """Up to `per_category` training-split prompts per category from the evaluation reserve: prompts that no
+    reward-hardening data used (mmreward.synthetic.generated_pool.reserved_for_evaluation)."""
+    from mmreward.synthetic import caption
+    from mmreward.synthetic.generated_pool import reserved_for_evaluation
+    from mmreward.synthetic.scenes import specs_for_split
+
+    out = []
+    for _cat, specs in specs_for_split("train", tuple(categories) if categories else None).items():
+        mine = [caption(s) for s in specs if reserved_for_evaluation(caption(s))]
+        step = max(1, len(mine) // per_category)
+        out += mine[::step][:per_category]
+    return out
+
+
+PROMPT_SETS = {"heldout": held_out_prompts, "reserved": reserved_prompts}
+
+
 def _mean_se(x: torch.Tensor) -> tuple[float, float]:
     x = x.double()
     return float(x.mean()), float(x.std() / math.sqrt(len(x))) if len(x) > 1 else 0.0
@@ -50,11 +69,13 @@ def run(
     reno_config=None,
     pool: int = 16,
     batch_size: int = 8,
+    prompt_set: str = "",
     output: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """The ReNO and best-of-N measurements above, as a JSON-ready dict."""
     from diffusion_rl.inference.best_of_n import best_of_n, best_of_n_curve
+    from diffusion_rl.inference.objective import RewardObjective
     from diffusion_rl.inference.reno import RenoConfig, reno
     from diffusion_rl.reporting import save_grid
     from mmreward.synthetic import evaluate_images
@@ -62,7 +83,7 @@ def run(
     reno_config = reno_config or RenoConfig()
     name = objective.terms[0].name
     items = [p for p in prompts for _ in range(seeds)]
-    report: dict[str, Any] = {"prompts": prompts, "seeds": seeds, "reward": name,
+    report: dict[str, Any] = {"prompts": prompts, "seeds": seeds, "prompt_set": prompt_set, "reward": name,
                               "objective": {t.name: [t.weight, t.detail] for t in objective.terms}}
 
     # -- ReNO: every (prompt, seed) optimised in one batch, with independent per-item steps and best iterates
@@ -71,12 +92,18 @@ def run(
     noise = generator.sample_noise([mix_seed(reno_config.seed, p, s) for p in range(len(prompts)) for s in range(seeds)])
     res = reno(generator, objective, items, reno_config, noise=noise, progress=progress)
     before, after = evaluate_images(items, res.initial_images), evaluate_images(items, res.images)
-    # "the reward" is the first term (the CLIP reward); with several terms the objective is reported too
-    raised = res.best_scores[name] > res.initial_scores[name]
+    # "the reward" is the first term (the CLIP reward), re-scored on the plain images: with augmentation the
+    # objective is a random-view average, which is not the reward users score with
+    term = objective.terms[0]
+    with torch.inference_mode():
+        plain = [term.reward.score(items, x) for x in (res.initial_images, res.images)]
+    initial_reward, best_reward = ((o.details[term.detail] if term.detail else o.scores).float().cpu() for o in plain)
+    raised = best_reward > initial_reward
     report["reno"] = {
         "config": vars(reno_config),
-        "clip_initial": _mean_se(res.initial_scores[name]),
-        "clip_best": _mean_se(res.best_scores[name]),
+        "augment": asdict(objective.augment) if objective.augment is not None else None,
+        "clip_initial": _mean_se(initial_reward),
+        "clip_best": _mean_se(best_reward),
         "objective_initial": _mean_se(res.initial_total),
         "objective_best": _mean_se(res.best_total),
         "clip_raised_fraction": float(raised.float().mean()),
@@ -89,7 +116,7 @@ def run(
         "partial_paired_diff": _mean_se(after.partial - before.partial),
         "best_iteration_mean": float(res.best_iteration.float().mean()),
         "per_item": [
-            {"prompt": p, "clip": [float(res.initial_scores[name][i]), float(res.best_scores[name][i])],
+            {"prompt": p, "clip": [float(initial_reward[i]), float(best_reward[i])],
              "strict": [float(before.strict[i]), float(after.strict[i])],
              "partial": [float(before.partial[i]), float(after.partial[i])]}
             for i, p in enumerate(items)
@@ -100,8 +127,9 @@ def run(
         save_grid(res.initial_images, output / "reno_initial.png", ncol=8)
         save_grid(res.images, output / "reno_best.png", ncol=8)
 
-    # -- best-of-N from one pool per prompt
-    bon = best_of_n(generator, objective, prompts, pool, seed=reno_config.seed + 1, batch_size=batch_size,
+    # -- best-of-N from one pool per prompt, selected by the plain rewards (no random views)
+    plain_objective = RewardObjective(objective.terms)
+    bon = best_of_n(generator, plain_objective, prompts, pool, seed=reno_config.seed + 1, batch_size=batch_size,
                     keep_all=True, progress=progress)
     flat = bon.all_images.flatten(0, 1)
     flat_prompts = [p for p in prompts for _ in range(pool)]
@@ -155,11 +183,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--guidance-scale", type=float, default=4.0, help="CFG scale (<= 1: off)")
     p.add_argument("--max-sequence-length", type=int, default=4, help="T5 tokens (the generator was trained with 4)")
     p.add_argument("--size", type=int, default=None, help="image size (default: the pipeline's)")
+    p.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="reserved",
+                   help="reserved: training-split prompts no reward-hardening data used; heldout: the compositional "
+                        "held-out split (colour-shape pairs, counts and shape pairs the generator never saw)")
     p.add_argument("--prompts-per-category", type=int, default=4)
     p.add_argument("--categories", nargs="*", default=None, help="default: all six GenEval categories")
     p.add_argument("--seeds", type=int, default=2, help="initial noises per prompt for ReNO")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--lr", type=float, default=5.0)
+    p.add_argument("--views", type=int, default=1,
+                   help="score the objective as the mean over this many random views (1: the plain image)")
+    p.add_argument("--max-shift", type=int, default=2, help="random views: max shift in pixels")
+    p.add_argument("--max-blur", type=float, default=1.0, help="random views: max Gaussian blur sigma")
+    p.add_argument("--view-noise", type=float, default=0.03, help="random views: pixel noise std")
     p.add_argument("--pool", type=int, default=16, help="best-of-N pool per prompt")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--output", default="runs/reno_shapesworld")
@@ -177,14 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     details = {"clipscore": "cosine"}
     weights = {"clipscore": 100.0, **(parse_weighted(args.also) if args.also else {})}
+    from diffusion_rl.inference.augment import RandomViews
+
+    augment = (RandomViews(args.views, args.max_shift, args.max_blur, args.view_noise) if args.views > 1 else None)
     if args.random_clip:
-        objective = RewardObjective.load(weights, reward_weights="random", details=details)
+        objective = RewardObjective.load(weights, reward_weights="random", details=details, augment=augment)
     else:
-        objective = RewardObjective.load(weights, options={"clipscore": {"checkpoint": args.clip}}, details=details)
-    prompts = held_out_prompts(args.prompts_per_category, args.categories)
+        objective = RewardObjective.load(weights, options={"clipscore": {"checkpoint": args.clip}}, details=details,
+                                         augment=augment)
+    prompts = PROMPT_SETS[args.prompt_set](args.prompts_per_category, args.categories)
     report = run(generator, objective, prompts, seeds=args.seeds,
                  reno_config=RenoConfig(n_iters=args.iters, lr=args.lr), pool=args.pool,
-                 batch_size=args.batch_size, output=Path(args.output), progress=not args.no_progress)
+                 batch_size=args.batch_size, prompt_set=args.prompt_set, output=Path(args.output), progress=not args.no_progress)
     print(format_report(report))
     print(f"report in {Path(args.output) / 'report.json'}")
     return 0

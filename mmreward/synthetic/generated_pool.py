@@ -7,7 +7,9 @@ A CLIP trained only on clean renders cannot tell which of a generator's blobby s
 accepts (within-prompt AUC about 0.5 on the shipped generator), so a reward built on it gives noise
 search nothing to climb. The pool is the ShapesWorld counterpart of Pick-a-Pic / ImageReward data:
 samples of the model being judged, with a verdict per sample, here from the exact checker instead of
-humans. Only training-split prompts are used, so held-out evaluation stays held out.
+humans. Only training-split prompts are used, and of those only the ones not reserved for evaluating
+reward optimisation (`reserved_for_evaluation`), so ReNO / best-of-N results on the reserved prompts are
+on prompts the reward never saw in any form.
 
 Saved as one torch file: {"images": uint8 (N, 3, H, W), "prompts": [str], "strict": (N,), "partial": (N,),
 "steps": (N,), "generator": str}.
@@ -16,6 +18,8 @@ Saved as one torch file: {"images": uint8 (N, 3, H, W), "prompts": [str], "stric
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +28,39 @@ from pathlib import Path
 import torch
 
 from mmreward.errors import ConfigError, RewardInputError
+
+
+def reserved_for_evaluation(prompt: str) -> bool:
+    """A fixed third of each category's training-split prompts (every third by a hash of the caption) that
+    reward-hardening data never uses: ReNO and best-of-N are evaluated on them (the compositional held-out
+    split is a separate, harder test)."""
+    return prompt in _reserved()
+
+
+@functools.lru_cache(maxsize=1)
+def _reserved() -> frozenset[str]:
+    from mmreward.synthetic.captions import caption
+    from mmreward.synthetic.scenes import specs_for_split
+
+    out: set[str] = set()
+    for specs in specs_for_split("train").values():
+        ranked = sorted((caption(s) for s in specs), key=lambda c: hashlib.sha256(c.encode()).hexdigest())
+        out.update(ranked[::3])
+    return frozenset(out)
+
+
+def reward_training_specs(n: int, seed: int) -> list:
+    """n training-split prompt specs (uniform category, then uniform prompt) outside the evaluation reserve."""
+    from mmreward.synthetic.captions import caption
+    from mmreward.synthetic.scenes import sample_specs
+
+    out: list = []
+    round_ = 0
+    while len(out) < n:
+        out += [s for s in sample_specs(2 * n, seed=seed * 1000 + round_, split="train")
+                if not reserved_for_evaluation(caption(s))]
+        round_ += 1
+    return out[:n]
 
 
 @dataclass
@@ -95,13 +132,12 @@ def build_pool(
     from mmreward.synthetic.captions import caption
     from mmreward.synthetic.checker import check, detect
     from mmreward.synthetic.evaluate_generator import generate, load_generator
-    from mmreward.synthetic.scenes import sample_specs
 
     if n_prompts < 1 or per_prompt < 1 or not steps:
         raise ConfigError(f"need n_prompts >= 1, per_prompt >= 1 and some steps, got {n_prompts}, {per_prompt}, {steps}")
     diffusers_logging.set_verbosity_error()  # every call warns that the 4 zero T5 tokens truncate the prompt
     pipe = load_generator(generator)
-    specs = sample_specs(n_prompts, seed=seed, split="train")
+    specs = reward_training_specs(n_prompts, seed)
     specs = [s for s in specs for _ in range(per_prompt)]
     prompts = [caption(s) for s in specs]
     images, strict, partial, step_of = [], [], [], []
