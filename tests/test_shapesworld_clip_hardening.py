@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,8 @@ from mmreward.errors import ConfigError, RewardInputError
 from mmreward.synthetic import train_clip
 from mmreward.synthetic.generated_pool import GeneratedPool
 from mmreward.synthetic.train_clip import ClipTrainConfig
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "shapesworld"
 
 
 def _pool(tmp_path, name="pool.pt", prompts=("a red circle", "a red circle", "a blue square", "a blue square", "two crosses"),
@@ -86,3 +90,41 @@ def test_clip_trainer_smoke_with_pool_and_negatives(tmp_path):
                                "--generated-groups", "2"])
     assert all(0 <= m["top1"] <= 1 for m in metrics.values())
     assert (out / "model.safetensors").is_file()
+
+
+def test_evaluation_reserve_is_a_third_of_every_training_category_and_never_used_for_training():
+    from mmreward.synthetic import caption
+    from mmreward.synthetic.generated_pool import reserved_for_evaluation, reward_training_specs
+    from mmreward.synthetic.scenes import specs_for_split
+
+    for cat, specs in specs_for_split("train").items():
+        mine = [s for s in specs if reserved_for_evaluation(caption(s))]
+        assert len(mine) == (len(specs) + 2) // 3, cat  # every third after a fixed shuffle
+    held = [caption(s) for specs in specs_for_split("heldout").values() for s in specs]
+    assert not any(reserved_for_evaluation(p) for p in held)
+    train = reward_training_specs(300, seed=3)
+    assert len(train) == 300 and not any(reserved_for_evaluation(caption(s)) for s in train)
+
+
+@pytest.mark.skipif(not (ASSETS / "generator" / "model_index.json").is_file(), reason="needs the generator asset")
+def test_harden_clip_quick_builds_a_loadable_clip_from_unreserved_prompts(tmp_path):
+    import json
+
+    import mmreward
+    from diffusion_rl.inference import harden_clip
+    from mmreward.synthetic.generated_pool import reserved_for_evaluation
+
+    out, work = tmp_path / "clip-hardened", tmp_path / "work"
+    summary = harden_clip.main(["--quick", "--generator", str(ASSETS / "generator"), "--clip", str(ASSETS / "clip"),
+                                "--work", str(work), "--out", str(out)])
+    for name in ("pool.pt", "adversarial_pool.pt"):
+        pool = torch.load(work / name, weights_only=True)
+        assert pool["images"].dtype == torch.uint8 and len(pool["prompts"]) == len(pool["strict"])
+        assert not any(reserved_for_evaluation(p) for p in pool["prompts"])
+    assert 0.0 <= summary["pool"]["strict"] <= 1.0
+    assert json.loads((out / "hardening.json").read_text())["round2"].keys() == summary["round2"].keys()
+    assert "reserved_for_evaluation" in (out / "README.md").read_text()
+    reward = mmreward.load("clipscore", checkpoint=str(out))
+    images = torch.rand(2, 3, 32, 32)
+    scores = reward.score(["a red circle", "two squares"], images).scores
+    assert scores.shape == (2,) and torch.isfinite(scores).all()
