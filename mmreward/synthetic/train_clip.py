@@ -158,6 +158,12 @@ def region_scenes(n: int, rng: random.Random) -> list:
     return out
 
 
+def _pool_images(pool, idx: list[int], size: int) -> torch.Tensor:
+    """uint8 pool samples as a float [0, 1] batch at the CLIP's input size."""
+    images = pool.images[idx].float() / 255
+    return images if images.shape[-1] == size else F.interpolate(images, size=(size, size), mode="area")
+
+
 def _batch(step: int, cfg: ClipTrainConfig, pool=None):
     """Images (rendered positives, generated positives, then hard negatives), their captions and targets."""
     from mmreward.synthetic.scenes import render
@@ -180,11 +186,10 @@ def _batch(step: int, cfg: ClipTrainConfig, pool=None):
         chosen = [groups[pick.randrange(len(groups))] for _ in range(cfg.generated_groups)]
         good = [pick.choice(g[0]) for g in chosen]
         bad = [pick.choice(g[1]) for g in chosen]
-        to_float = lambda idx: F.interpolate(pool.images[idx].float() / 255, size=images.shape[-2:], mode="area")  # noqa: E731
-        images = torch.cat([images, to_float(good)])
+        images = torch.cat([images, _pool_images(pool, good, cfg.image_size)])
         texts += [caption_text(pool.prompts[i], photo=rng.random() < 0.5) for i in good]
         keys += [pool.prompts[i] for i in good]
-        negatives.append(to_float(bad))
+        negatives.append(_pool_images(pool, bad, cfg.image_size))
     same = torch.tensor([[a == b for b in keys] for a in keys], dtype=torch.float32)
     n_hard = round(cfg.hard_negatives * len(scenes))
     if n_hard:
