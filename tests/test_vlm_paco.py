@@ -280,7 +280,8 @@ def test_openai_backend_reads_top_logprobs_and_flags_missing_ones():
         srv.close()
     assert out.scores[0].item() == pytest.approx(1 / (1 + math.exp(-1.0)))
     assert torch.isnan(out.scores[1:]).all() and out.details["parse_failed"].tolist() == [0.0, 1.0, 1.0]
-    body = srv.bodies[0]
+    # the three requests run concurrently: pick the cat's by its text, not by arrival order
+    body = next(b for b in srv.bodies if '"a cat."' in b["messages"][0]["content"][-1]["text"])
     assert body["model"] == "PaCo-Reward-7B" and body["max_tokens"] == 1 and body["temperature"] == 0.0
     assert body["logprobs"] is True and body["top_logprobs"] == 20
     content = body["messages"][0]["content"]
