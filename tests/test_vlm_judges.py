@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from loopback_chat import LoopbackChatServer
 
 from mmreward.judges.backends import JudgeBackend, JudgeBackendError, JudgeRequest, OpenAIChatBackend
 from mmreward.judges.debias import agreement_rate, debias, vote
@@ -156,54 +154,18 @@ def test_pointwise_scores_nan_flagged_not_zero():
 
 
 # ---------------------------------------------------------------------------------------------- OpenAI backend
-class FakeChatServer:
-    """A loopback OpenAI-compatible /chat/completions endpoint with scripted failures."""
+class FakeChatServer(LoopbackChatServer):
+    """Scripted failures first (status `status`), then `answer` n times per request."""
 
     def __init__(self, fail_first=0, status=500, delay=0.0, answer="Image 1 is better"):
         self.fail_first, self.status, self.delay, self.answer = fail_first, status, delay, answer
-        self.requests = []
-        self.lock = threading.Lock()
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.requests.append((self.path, dict(self.headers), body))
-                    failing = len(server.requests) <= server.fail_first
-                if server.delay:
-                    time.sleep(server.delay)
-                if failing:
-                    self.send_response(server.status)
-                    self.end_headers()
-                    self.wfile.write(b'{"error": "scripted failure"}')
-                    return
-                reply = {"choices": [{"message": {"role": "assistant", "content": server.answer}}
-                                     for _ in range(body.get("n", 1))]}
-                data = json.dumps(reply).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out first (the timeout test); nothing to deliver
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def reply(self, body, n_seen):
+        if n_seen <= self.fail_first:
+            return self.status, {"error": "scripted failure"}
+        return 200, {"choices": [{"message": {"role": "assistant", "content": self.answer}}
+                                 for _ in range(body.get("n", 1))]}
 
 
 def test_openai_backend_payload_auth_and_data_urls():

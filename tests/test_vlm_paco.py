@@ -4,13 +4,11 @@ the OpenAI-compatible path on a loopback server, generate mode, both-order avera
 
 from __future__ import annotations
 
-import json
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from loopback_chat import LoopbackChatServer
 
 import mmreward
 from mmreward.judges.backends import JudgeBackend
@@ -231,41 +229,21 @@ def test_bad_inputs_have_clear_errors():
 
 
 # ---------------------------------------------------------------------------------------------- OpenAI backend
-class LogprobServer:
-    """Loopback /chat/completions that answers with scripted first-token top_logprobs."""
+class LogprobServer(LoopbackChatServer):
+    """Answers with scripted first-token top_logprobs, chosen by a key found in the question."""
 
     def __init__(self, answers):
-        self.answers, self.bodies, self.lock = answers, [], threading.Lock()
-        server = self
+        self.answers = answers
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.bodies.append(body)
-                    text = body["messages"][0]["content"][-1]["text"]
-                    top = next((v for k, v in server.answers.items() if k in text), server.answers[""])
-                choice = {"message": {"role": "assistant", "content": "Yes"}}
-                if top is not None:
-                    choice["logprobs"] = {"content": [{"token": "Yes", "logprob": -0.1,
-                                                       "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()]}]}
-                data = json.dumps({"choices": [choice]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def reply(self, body, n_seen):
+        text = body["messages"][0]["content"][-1]["text"]
+        top = next((v for k, v in self.answers.items() if k in text), self.answers[""])
+        choice = {"message": {"role": "assistant", "content": "Yes"}}
+        if top is not None:
+            choice["logprobs"] = {"content": [{"token": "Yes", "logprob": -0.1,
+                                               "top_logprobs": [{"token": t, "logprob": v} for t, v in top.items()]}]}
+        return 200, {"choices": [choice]}
 
 
 def test_openai_backend_reads_top_logprobs_and_flags_missing_ones():
