@@ -59,11 +59,8 @@ def build_adversarial_pool(
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    from diffusers.utils import logging as diffusers_logging
-
-    from diffusion_rl.inference.noise_to_image import NoiseToImage
-    from diffusion_rl.inference.objective import RewardObjective
     from diffusion_rl.inference.reno import RenoConfig
+    from diffusion_rl.inference.shapesworld import load_generator_and_objective
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--generator", default="assets/shapesworld/generator")
@@ -75,12 +72,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    diffusers_logging.set_verbosity_error()
     t0 = time.time()
-    generator = NoiseToImage.from_pretrained(args.generator, num_inference_steps=args.steps, guidance_scale=4.0,
-                                             max_sequence_length=4)
-    objective = RewardObjective.load({"clipscore": 100.0}, options={"clipscore": {"checkpoint": args.clip}},
-                                     details={"clipscore": "cosine"})
+    generator, objective = load_generator_and_objective(args.generator, args.clip, steps=args.steps)
     pool = build_adversarial_pool(generator, objective, args.prompts, args.iterations,
                                   RenoConfig(n_iters=args.reno_iters, keep_all_images=True), seed=args.seed,
                                   progress=False)

@@ -172,9 +172,39 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def load_generator_and_objective(
+    generator: str,
+    clip: str,
+    *,
+    steps: int = 4,
+    guidance_scale: float = 4.0,
+    size: int | None = None,
+    max_sequence_length: int = 4,
+    also: dict[str, float] | None = None,
+    augment=None,
+    random_clip: bool = False,
+):
+    """The ShapesWorld generator as a NoiseToImage and ReNO's CLIP objective on it: 100 * cosine, unclamped
+    (CLIPScore's clamp at 0 leaves no gradient on bad starts), plus any `also` rewards."""
+    from diffusers.utils import logging as diffusers_logging
+
     from diffusion_rl.inference.noise_to_image import NoiseToImage
     from diffusion_rl.inference.objective import RewardObjective
+
+    diffusers_logging.set_verbosity_error()  # the pipeline warns on every call that T5 prompts are truncated to 4 tokens
+    gen = NoiseToImage.from_pretrained(generator, num_inference_steps=steps, guidance_scale=guidance_scale,
+                                       height=size, width=size, max_sequence_length=max_sequence_length)
+    weights = {"clipscore": 100.0, **(also or {})}
+    details = {"clipscore": "cosine"}
+    if random_clip:
+        objective = RewardObjective.load(weights, reward_weights="random", details=details, augment=augment)
+    else:
+        objective = RewardObjective.load(weights, options={"clipscore": {"checkpoint": clip}}, details=details,
+                                         augment=augment)
+    return gen, objective
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     from diffusion_rl.inference.reno import RenoConfig
 
     p = argparse.ArgumentParser(prog="python -m diffusion_rl.inference.shapesworld", description=__doc__,
@@ -207,25 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
-    from diffusers.utils import logging as diffusers_logging
-
-    diffusers_logging.set_verbosity_error()  # the pipeline warns on every call that T5 prompts are truncated to 4 tokens
-    generator = NoiseToImage.from_pretrained(args.generator, num_inference_steps=args.steps,
-                                             guidance_scale=args.guidance_scale, height=args.size, width=args.size,
-                                             max_sequence_length=args.max_sequence_length)
-    # ReNO's CLIP loss: 100 * cosine, unclamped (CLIPScore's clamp at 0 leaves no gradient on bad starts)
+    from diffusion_rl.inference.augment import RandomViews
     from diffusion_rl.inference.objective import parse_weighted
 
-    details = {"clipscore": "cosine"}
-    weights = {"clipscore": 100.0, **(parse_weighted(args.also) if args.also else {})}
-    from diffusion_rl.inference.augment import RandomViews
-
     augment = (RandomViews(args.views, args.max_shift, args.max_blur, args.view_noise) if args.views > 1 else None)
-    if args.random_clip:
-        objective = RewardObjective.load(weights, reward_weights="random", details=details, augment=augment)
-    else:
-        objective = RewardObjective.load(weights, options={"clipscore": {"checkpoint": args.clip}}, details=details,
-                                         augment=augment)
+    generator, objective = load_generator_and_objective(
+        args.generator, args.clip, steps=args.steps, guidance_scale=args.guidance_scale, size=args.size,
+        max_sequence_length=args.max_sequence_length, also=parse_weighted(args.also) if args.also else None,
+        augment=augment, random_clip=args.random_clip)
     prompts = PROMPT_SETS[args.prompt_set](args.prompts_per_category, args.categories)
     report = run(generator, objective, prompts, seeds=args.seeds,
                  reno_config=RenoConfig(n_iters=args.iters, lr=args.lr), pool=args.pool,

@@ -36,11 +36,16 @@ def _noun_phrase(o: ObjectClause) -> str:
     return f"{NUMBERS[o.count]} {colour}{PLURALS[o.shape]}"
 
 
+def photo_phrasing(text: str, photo: bool = True) -> str:
+    """GenEval's "a photo of ..." phrasing of a caption (or the caption itself when photo is False)."""
+    return f"a photo of {text}" if photo else text
+
+
 def caption(spec: PromptSpec, photo: bool = False) -> str:
     """The prompt text of a spec."""
     parts = [_noun_phrase(o) for o in spec.objects]
     text = f"{parts[0]} {spec.relation} {parts[1]}" if spec.relation else " and ".join(parts)
-    return f"a photo of {text}" if photo else text
+    return photo_phrasing(text, photo)
 
 
 _WORD_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4}

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from mmreward.errors import ConfigError
-from mmreward.synthetic.captions import caption
+from mmreward.synthetic.captions import caption, photo_phrasing
 from mmreward.synthetic.checker import check, scene_detections
 from mmreward.synthetic.scenes import sample_scenes, specs_for_split
 
@@ -118,11 +118,6 @@ def contrastive_loss(logits_per_text: torch.Tensor, target: torch.Tensor) -> tor
                   + torch.sum(-target * logits_per_text[:, :n].T.log_softmax(1), 1).mean())
 
 
-def caption_text(prompt: str, photo: bool) -> str:
-    """A plain ShapesWorld caption, or its "a photo of ..." phrasing."""
-    return f"a photo of {prompt}" if photo else prompt
-
-
 REGION_NAMES = ("top left", "top right", "bottom left", "bottom right")
 REGION_SIZE = (0.22, 0.38)  # object side / image side of region scenes (the region RL task uses 0.3)
 
@@ -134,8 +129,7 @@ def region_of(x: float, y: float) -> str:
 
 def region_caption(scene, photo: bool = False) -> str:
     o = scene.objects[0]
-    text = f"{caption(scene.spec)} in the {region_of(o.x, o.y)}"
-    return f"a photo of {text}" if photo else text
+    return photo_phrasing(f"{caption(scene.spec)} in the {region_of(o.x, o.y)}", photo)
 
 
 def region_scenes(n: int, rng: random.Random) -> list:
@@ -187,7 +181,7 @@ def _batch(step: int, cfg: ClipTrainConfig, pool=None):
         good = [pick.choice(g[0]) for g in chosen]
         bad = [pick.choice(g[1]) for g in chosen]
         images = torch.cat([images, _pool_images(pool, good, cfg.image_size)])
-        texts += [caption_text(pool.prompts[i], photo=rng.random() < 0.5) for i in good]
+        texts += [photo_phrasing(pool.prompts[i], photo=rng.random() < 0.5) for i in good]
         keys += [pool.prompts[i] for i in good]
         negatives.append(_pool_images(pool, bad, cfg.image_size))
     same = torch.tensor([[a == b for b in keys] for a in keys], dtype=torch.float32)
