@@ -12,6 +12,7 @@ from vlm_rm.bench.metrics import (
     pairwise_accuracy,
     pickapic_credit,
     ranking_pair_counts,
+    three_way_credit,
     tie_calibrated_accuracy,
     tie_calibrated_accuracy_sequential,
     tune_pickapic_threshold,
@@ -32,24 +33,66 @@ def published_loop(h, m):
     return best, best_eps
 
 
+def paper_accuracy_with_ties(h, m, eps):
+    """Deutsch et al.'s acc_eq at one threshold, counted from their contingency table by hand.
+
+    The model predicts a tie when its two scores are equal (m == 0) or |m| <= eps.
+    """
+    C = D = T_h = T_m = T_hm = 0
+    for hi, mi in zip(h, m):
+        model_tie = mi == 0 or abs(mi) <= eps
+        if hi == 0 and model_tie:
+            T_hm += 1
+        elif hi == 0:
+            T_h += 1
+        elif model_tie:
+            T_m += 1
+        elif (hi > 0) == (mi > 0):
+            C += 1
+        else:
+            D += 1
+    return (C + T_hm) / (C + D + T_h + T_m + T_hm)
+
+
 def brute_force_ties(h, m):
-    """max over every real threshold eps of Deutsch et al.'s accuracy with ties."""
+    """max over every threshold of acc_eq: "no new ties" (eps below every |m|) and each distinct |m|.
+
+    Midpoints between consecutive |m| add nothing (they tie the same pairs as the lower value); they
+    are enumerated anyway so that the candidate set itself is under test. The smallest eps attaining
+    the maximum wins; "no new ties" is reported as eps = 0.0, as Deutsch et al.'s code does.
+    """
+    levels = sorted(set(abs(float(x)) for x in m))
+    candidates = [float("-inf")] + levels + [(a + b) / 2 for a, b in zip(levels, levels[1:])]
     best, best_eps = -1.0, None
-    for eps in sorted(set(abs(x) for x in m)):
-        pred = [0 if abs(mi) <= eps else (1 if mi > 0 else -1) for mi in m]
-        acc = sum(p == hi for p, hi in zip(pred, h)) / len(h)
+    for eps in sorted(candidates):
+        acc = paper_accuracy_with_ties(h, m, eps)
         if acc > best:
-            best, best_eps = acc, eps
+            best, best_eps = acc, max(eps, 0.0)
     return best, best_eps
+
+
+def test_tie_calibrated_tries_the_no_ties_threshold():
+    # both pairs concordant: tying none of them is right (1.0); tying the smaller margin gives 0.5
+    assert tie_calibrated_accuracy([1, 1], [0.5, 1.0]) == (1.0, 0.0)
+    assert tie_calibrated_accuracy([1, -1, 1], [0.2, -0.3, 0.1]) == (1.0, 0.0)
+    # a human tie with an exactly equal model score is a model tie at every threshold
+    assert tie_calibrated_accuracy([0, 1], [0.0, 0.4]) == (1.0, 0.0)
 
 
 def test_tie_calibrated_exact_matches_brute_force_with_repeated_margins():
     rng = np.random.default_rng(0)
-    for _ in range(30):
-        n = int(rng.integers(3, 40))
-        h = rng.choice([-1, 0, 1], n).tolist()
-        m = (rng.integers(-3, 4, n) * 0.5).tolist()  # discrete judge scores: many repeats, some zeros
-        assert tie_calibrated_accuracy(h, m) == pytest.approx(brute_force_ties(h, m))
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        h = rng.choice([-1, 0, 1], n, p=rng.dirichlet(np.ones(3))).tolist()
+        if rng.random() < 0.5:
+            m = (rng.integers(-3, 4, n) * 0.5).tolist()  # discrete judge scores: many repeats, some zeros
+        else:
+            m = rng.normal(size=n).tolist()
+        acc, eps = tie_calibrated_accuracy(h, m)
+        want_acc, want_eps = brute_force_ties(h, m)
+        assert acc == pytest.approx(want_acc, rel=1e-12) and eps == want_eps, (h, m)
+        # the returned threshold reproduces the accuracy when applied as a 3-way classifier
+        assert three_way_credit(h, m, eps).mean() == pytest.approx(acc, rel=1e-12)
 
 
 def test_sequential_mode_reproduces_the_published_loop():
@@ -59,8 +102,10 @@ def test_sequential_mode_reproduces_the_published_loop():
         h = rng.choice([-1, 0, 1], n).tolist()
         m = (rng.integers(-3, 4, n) * 0.5).tolist()
         assert tie_calibrated_accuracy_sequential(h, m) == pytest.approx(published_loop(h, m))
-        # never below the exact value: it maximises over a superset of cuts
-        assert tie_calibrated_accuracy_sequential(h, m)[0] >= tie_calibrated_accuracy(h, m)[0] - 1e-12
+        # the loop never scores "no new ties", but every real threshold from |m| is among its cuts
+        exact, eps = tie_calibrated_accuracy(h, m)
+        if eps in np.abs(m):
+            assert tie_calibrated_accuracy_sequential(h, m)[0] >= exact - 1e-12
 
 
 def test_modes_agree_when_margins_are_distinct():
@@ -71,10 +116,11 @@ def test_modes_agree_when_margins_are_distinct():
 
 
 def test_sequential_loop_is_order_dependent_and_inflated_by_hand():
-    # three pairs with the same margin 0.5: the only real threshold ties all three -> 1 correct (the
-    # human tie) of 3. The loop also scores "tie only the first pair", which depends on input order.
+    # three pairs with the same margin 0.5: the real thresholds tie none (1 concordant of 3) or all
+    # three (1 correct, the human tie, of 3); the smaller eps wins. The loop also scores "tie only
+    # the first pair", which depends on input order.
     h, m = [1, -1, 0], [0.5, 0.5, 0.5]
-    assert tie_calibrated_accuracy(h, m) == (pytest.approx(1 / 3), 0.5)
+    assert tie_calibrated_accuracy(h, m) == (pytest.approx(1 / 3), 0.0)
     assert tie_calibrated_accuracy([0, 1, -1], m)[0] == pytest.approx(1 / 3)
     assert tie_calibrated_accuracy_sequential(h, m)[0] == pytest.approx(1 / 3)
     # human tie first: tie it alone and keep the concordant pair -> 2 of 3

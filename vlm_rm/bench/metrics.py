@@ -76,11 +76,13 @@ def _tie_scores_by_prefix(h_sorted: np.ndarray, m_sorted: np.ndarray) -> np.ndar
 def tie_calibrated_accuracy(h: Sequence[float], m: Sequence[float]) -> tuple[float, float]:
     """Accuracy with ties (Deutsch et al. 2023, "Ties Matter"), computed exactly.
 
-    The model declares a tie when |m| <= eps. The result is max over eps of
-    (#concordant non-tied pairs + #pairs both human and model tie) / N, and the eps attaining it.
-    Candidate thresholds are the distinct values of |m|, and each threshold ties *every* pair whose
-    |m| equals it (thresholds are grouped by value), so the answer does not depend on input order.
-    Ties in the maximum resolve to the smallest eps. Returns (accuracy, eps).
+    The model declares a tie when |m| <= eps (an exactly zero margin is a tie at every eps). The
+    result is max over eps of (#concordant non-tied pairs + #pairs both human and model tie) / N,
+    and the eps attaining it. Candidate thresholds are "no new ties" (any eps below every nonzero
+    |m|, reported as eps = 0.0 as in Deutsch et al.'s `tau_optimization`) and every distinct |m|;
+    each threshold ties *every* pair whose |m| equals it (thresholds are grouped by value), so the
+    answer does not depend on input order. Ties in the maximum resolve to the smallest eps, so
+    `three_way_credit(h, m, eps).mean()` reproduces the accuracy. Returns (accuracy, eps).
     """
     h_arr, m_arr = _as_pairs(h, m)
     if h_arr.size == 0:
@@ -92,17 +94,25 @@ def tie_calibrated_accuracy(h: Sequence[float], m: Sequence[float]) -> tuple[flo
     # the last index of each run of equal |m| is the only admissible cut inside that run
     group_end = np.r_[a_sorted[1:] != a_sorted[:-1], True]
     ends = np.flatnonzero(group_end)
-    best = ends[int(np.argmax(correct[ends]))]
-    return float(correct[best] / h_arr.size), float(a_sorted[best])
+    cut_correct, cut_eps = correct[ends], a_sorted[ends]
+    if a_sorted[0] > 0:
+        # Without zero margins the empty tied set is a threshold of its own; with them, eps = 0
+        # (the first group) already is the "no new ties" threshold, since zeros are always ties.
+        concordant = (h_arr != 0) & (h_arr * m_arr > 0)
+        cut_correct = np.r_[concordant.sum(), cut_correct]
+        cut_eps = np.r_[0.0, cut_eps]
+    best = int(np.argmax(cut_correct))  # first maximum = smallest eps
+    return float(cut_correct[best] / h_arr.size), float(cut_eps[best])
 
 
 def tie_calibrated_accuracy_sequential(h: Sequence[float], m: Sequence[float]) -> tuple[float, float]:
     """Compatibility mode: the sequential loop published with VideoGen-RewardBench.
 
     That loop sorts pairs by |m| (stably, so input order breaks ties) and evaluates the accuracy
-    after moving each single pair into the tied set, one at a time. When margins repeat it also
-    scores cuts *inside* a run of equal |m| — thresholds no real eps can produce — so the result
-    is >= the exact value and depends on the order of the input. Use it only to reproduce
+    after moving each single pair into the tied set, one at a time. It never scores the "no new
+    ties" threshold (so it can fall below the exact value), and when margins repeat it also
+    scores cuts *inside* a run of equal |m| — thresholds no real eps can produce — which can lift
+    it above the exact value and makes it depend on the order of the input. Use it only to reproduce
     published numbers. Returns (accuracy, eps).
     """
     h_arr, m_arr = _as_pairs(h, m)
