@@ -175,3 +175,39 @@ def test_bootstrap_intervals_bracket_the_estimate_and_match_generic_version():
     glo, ghi = bootstrap_ci(lambda ix: float(x[ix].mean()), x.size, n_boot=500, seed=0)
     assert abs(glo - lo) < 0.02 and abs(ghi - hi) < 0.02
     assert bootstrap_ratio_ci(np.ones(10)) == (1.0, 1.0)
+
+
+def test_pickapic_tie_boundary_is_exact_for_decimal_probabilities():
+    # p0 = k/100 against thresholds t/10: |p1 - p0| <= t/10  <=>  |100 - 2k| <= 10 t, in integers.
+    # (1 - p0) - p0 in floats lands on either side of the threshold (0.45 -> 0.10000000000000003).
+    k = np.arange(101)
+    p0 = k / 100
+    for t in range(11):
+        pred_tie = np.abs(100 - 2 * k) <= 10 * t
+        want = np.where(pred_tie, 1.0, 0.5)  # every label is a human tie: 1 for a model tie, else 0.5
+        assert pickapic_credit(np.full(k.size, 0.5), p0, t / 10).tolist() == want.tolist(), t
+        # swapping the two images (label and probability) must not change any credit
+        labels = np.where(k % 2 == 0, 1.0, 0.0)
+        assert pickapic_credit(labels, p0, t / 10).tolist() == pickapic_credit(1 - labels, 1 - p0, t / 10).tolist()
+
+
+def test_metrics_reject_non_finite_or_out_of_range_inputs():
+    nan = float("nan")
+    with pytest.raises(RewardInputError, match="h: human"):
+        pairwise_accuracy([1, nan], [0.5, 0.5])
+    with pytest.raises(RewardInputError, match="h: human"):
+        tie_calibrated_accuracy([nan, 1], [0.5, 0.5])
+    with pytest.raises(RewardInputError, match="eps"):
+        three_way_credit([1], [0.5], nan)
+    with pytest.raises(RewardInputError, match="prob_0"):
+        pickapic_credit([1, 0], [0.5, nan], 0.1)
+    with pytest.raises(RewardInputError, match="prob_0"):
+        pickapic_credit([1, 0], [0.5, 1.5], 0.1)
+    with pytest.raises(RewardInputError, match="threshold"):
+        pickapic_credit([1], [0.5], nan)
+    with pytest.raises(RewardInputError, match="no pairs"):
+        tune_pickapic_threshold([], [])
+    with pytest.raises(RewardInputError, match="scores"):
+        inversion_accuracy([1, 2, 3], [0.1, nan, 0.3])
+    with pytest.raises(RewardInputError, match="rank"):
+        ranking_pair_counts([1, nan, 3], [0.1, 0.2, 0.3])

@@ -29,6 +29,13 @@ def _check_policy(zero_margin: str) -> None:
         )
 
 
+def _require_finite(name: str, what: str, x: np.ndarray) -> None:
+    # NaN compares False with everything, so it would silently count as a wrong (or right) pair
+    if not np.isfinite(x).all():
+        bad = np.flatnonzero(~np.isfinite(x))[:5].tolist()
+        raise RewardInputError(f"{name}: {what} must be finite; non-finite at indices {bad}")
+
+
 def _as_pairs(h: Sequence[float], m: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     h_arr = np.sign(np.asarray(h, dtype=np.float64))
     m_arr = np.asarray(m, dtype=np.float64)
@@ -36,9 +43,8 @@ def _as_pairs(h: Sequence[float], m: Sequence[float]) -> tuple[np.ndarray, np.nd
         raise RewardInputError(
             f"h and m must be 1-D and of equal length, got shapes {h_arr.shape} and {m_arr.shape}"
         )
-    if not np.isfinite(m_arr).all():
-        bad = np.flatnonzero(~np.isfinite(m_arr))[:5].tolist()
-        raise RewardInputError(f"m: model margins must be finite; non-finite at indices {bad}")
+    _require_finite("h", "human preferences (+1, -1 or 0 for a tie)", h_arr)
+    _require_finite("m", "model margins", m_arr)
     return h_arr, m_arr
 
 
@@ -128,6 +134,8 @@ def tie_calibrated_accuracy_sequential(h: Sequence[float], m: Sequence[float]) -
 def three_way_credit(h: Sequence[float], m: Sequence[float], eps: float) -> np.ndarray:
     """Per-pair credit (0/1) of the 3-class prediction sign(m) with |m| <= eps read as a tie."""
     h_arr, m_arr = _as_pairs(h, m)
+    if np.isnan(eps):
+        raise RewardInputError("eps: the tie threshold must be a number (use 0.0 for ties on equal scores only), got NaN")
     pred = np.where(np.abs(m_arr) <= eps, 0.0, np.sign(m_arr))
     return (pred == h_arr).astype(np.float64)
 
@@ -136,6 +144,10 @@ def three_way_credit(h: Sequence[float], m: Sequence[float], eps: float) -> np.n
 # Pick-a-Pic: half credit for ties, tie threshold tuned on validation
 # ----------------------------------------------------------------------------------------------
 PICKAPIC_THRESHOLDS = tuple(round(0.1 * i, 1) for i in range(11))
+# Thresholds are decimal (0.1, 0.2, ...) and so are many judges' probabilities (0.45, 0.55), but
+# neither is exact in binary: without slack |p1 - p0| = 0.1 would fall on either side of 0.1 by
+# the rounding of its operands. A few ulps of [0, 1] absorb that and nothing a model can express.
+_PROB_SLACK = 1e-12
 
 
 def pickapic_credit(label_0: Sequence[float], prob_0: Sequence[float], threshold: float) -> np.ndarray:
@@ -154,8 +166,19 @@ def pickapic_credit(label_0: Sequence[float], prob_0: Sequence[float], threshold
         raise RewardInputError(
             f"label_0 must be 0, 0.5 or 1; got {lab[bad][:3].tolist()} at {np.flatnonzero(bad)[:3].tolist()}"
         )
+    _require_finite("prob_0", "P(image 0 preferred)", p0)
+    out = (p0 < 0) | (p0 > 1)
+    if out.any():
+        raise RewardInputError(
+            f"prob_0 must lie in [0, 1] (a probability, e.g. a softmax over the two scores); got "
+            f"{p0[out][:3].tolist()} at {np.flatnonzero(out)[:3].tolist()}"
+        )
+    if not np.isfinite(threshold):
+        raise RewardInputError(f"threshold: the tie threshold on |p1 - p0| must be finite, got {threshold}")
     human = np.where(lab == 0.5, 0, np.where(lab == 1.0, 1, -1))
-    pred = np.where(np.abs((1 - p0) - p0) <= threshold, 0, np.where(p0 > 1 - p0, 1, -1))
+    # |p1 - p0| = |1 - 2 p0|, computed without the extra rounding of (1 - p0) - p0
+    gap = np.abs(1.0 - 2.0 * p0)
+    pred = np.where(gap <= threshold + _PROB_SLACK, 0, np.where(p0 > 0.5, 1, -1))
     return np.where(human == pred, 1.0, np.where((human == 0) | (pred == 0), 0.5, 0.0))
 
 
@@ -163,6 +186,8 @@ def tune_pickapic_threshold(
     label_0: Sequence[float], prob_0: Sequence[float], thresholds: Sequence[float] = PICKAPIC_THRESHOLDS
 ) -> tuple[float, list[float]]:
     """The threshold of `thresholds` with the best validation score (first one on ties), and all scores."""
+    if len(label_0) == 0:
+        raise RewardInputError("tune_pickapic_threshold: no pairs to tune on; pass the validation split's labels")
     scores = [float(pickapic_credit(label_0, prob_0, t).mean()) for t in thresholds]
     return float(thresholds[int(np.argmax(scores))]), scores
 
@@ -176,6 +201,8 @@ def _rank_pairs(rank: Sequence[float], scores: Sequence[float]) -> tuple[np.ndar
     s = np.asarray(scores, dtype=np.float64)
     if r.shape != s.shape or r.ndim != 1:
         raise RewardInputError(f"rank and scores must be 1-D of equal length, got {r.shape} and {s.shape}")
+    _require_finite("rank", "human ranks (lower = better)", r)
+    _require_finite("scores", "model scores", s)
     i, j = np.triu_indices(r.size, k=1)
     return np.sign(r[j] - r[i]), s[i] - s[j]
 
