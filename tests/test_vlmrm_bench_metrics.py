@@ -211,3 +211,33 @@ def test_metrics_reject_non_finite_or_out_of_range_inputs():
         inversion_accuracy([1, 2, 3], [0.1, nan, 0.3])
     with pytest.raises(RewardInputError, match="rank"):
         ranking_pair_counts([1, nan, 3], [0.1, 0.2, 0.3])
+
+
+def test_ranking_metrics_match_a_pairwise_loop_with_ties():
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        n = int(rng.integers(2, 9))
+        rank = rng.integers(1, 4, n).tolist()  # few levels: many human ties
+        scores = rng.integers(0, 3, n).astype(float).tolist()  # few levels: many model ties
+        for policy, tie_inv in (("wrong", 1.0), ("half", 0.5), ("drop", None)):
+            inv = total = correct = ordered = 0.0
+            for i in range(n):
+                for j in range(i + 1, n):
+                    human = (rank[i] < rank[j]) - (rank[i] > rank[j])  # +1: i is better
+                    model = (scores[i] > scores[j]) - (scores[i] < scores[j])
+                    if human != 0 and model == 0:
+                        if tie_inv is None:
+                            continue
+                        inv, total = inv + tie_inv, total + 1
+                        correct, ordered = correct + 1 - tie_inv, ordered + 1
+                        continue
+                    total += 1
+                    inv += human * model < 0
+                    if human != 0:
+                        correct, ordered = correct + (human == model), ordered + 1
+            got = inversion_accuracy(rank, scores, policy)
+            if total:
+                assert got == pytest.approx(1 - inv / total, rel=1e-12), (rank, scores, policy)
+            else:
+                assert np.isnan(got)
+            assert ranking_pair_counts(rank, scores, policy) == (pytest.approx(correct), ordered)
