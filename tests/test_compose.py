@@ -58,7 +58,7 @@ def test_running_zscore_equals_statistics_of_everything_seen():
     m = RunningMoments()
     for v in seen:
         m.update(torch.tensor([v]))
-    assert abs(m.var - seen.var()) < 1e-9
+    assert m.var == pytest.approx(seen.var(), rel=1e-9)
 
 
 def test_log_tame_matches_paco_formula():
