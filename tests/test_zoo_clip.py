@@ -118,7 +118,8 @@ def test_clipscore_open_clip_matches_reference(open_clip_dir):
     # the reference package's own loader and tokenizer on the same folder
     model = open_clip.create_model(f"local-dir:{open_clip_dir}").eval()
     tok = open_clip.get_tokenizer(f"local-dir:{open_clip_dir}")
-    tf = torchvision_clip_transform(224)
+    # open_clip's own eval transform: Resize, CenterCrop, then convert("RGB") (RGBA resized premultiplied)
+    tf = open_clip.image_transform(224, is_train=False, resize_mode="shortest", interpolation="bicubic")
 
     def ref(pil, prompts):
         out = []
