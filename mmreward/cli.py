@@ -182,7 +182,7 @@ def _score_batch(reward, jobs: list[tuple[int, str, str]]) -> list[dict[str, Any
     for job in jobs:
         idx, path, prompt = job
         try:
-            item = media_io.to_batch([path], modality=modality)
+            item = media_io.to_batch([path], modality=modality, alpha=reward.media_alpha)
             loaded.append(item[0])
             ok_jobs.append(job)
         except (MMRewardError, OSError) as exc:
@@ -328,8 +328,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             try:
                 from mmreward import media as media_io
 
-                a = media_io.to_batch([row["a"]], modality=modality)
-                b = media_io.to_batch([row["b"]], modality=modality)
+                a = media_io.to_batch([row["a"]], modality=modality, alpha=reward.media_alpha)
+                b = media_io.to_batch([row["b"]], modality=modality, alpha=reward.media_alpha)
                 res = reward.compare([out_row["prompt"]], a, b)
                 out_row.update(prob_a=float(res.prob_a[0]), error=None)
             except MMRewardError as exc:

@@ -7,6 +7,10 @@ size is a list of per-item tensors; rewards resize them in same-size groups (see
 Value ranges are never guessed: uint8 means 0-255 and uint16 0-65535; float data is read as [0, 1]
 unless `value_range` says otherwise (e.g. (0, 255) or (-1, 1)), and float data outside the declared
 range is an error rather than a silent rescale.
+
+Alpha: by default RGBA loses alpha here as PIL's convert("RGB") does. alpha="keep" returns RGBA images
+with any transparency as (4, H, W) instead, for rewards whose original preprocessing resizes the RGBA
+image before dropping alpha (their preprocessing card uses it; see `Reward.image_alpha`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from mmreward.errors import MediaError, RewardInputError
 
 MediaBatch = torch.Tensor | list[torch.Tensor]
 ValueRange = tuple[float, float]
+Alpha = Literal["drop", "white", "black", "keep"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".gif", ".m4v"}
@@ -68,8 +73,10 @@ def _to_unit_range(x: torch.Tensor, value_range: ValueRange | None, what: str) -
     return (x - lo) / (hi - lo)
 
 
-def _fix_channels(x: torch.Tensor, alpha: Literal["drop", "white", "black"], what: str) -> torch.Tensor:
-    """(..., C, H, W) with C in {1, 3, 4} -> (..., 3, H, W)."""
+def _fix_channels(x: torch.Tensor, alpha: Alpha, what: str) -> torch.Tensor:
+    """(..., C, H, W) with C in {1, 3, 4} -> (..., 3, H, W), or (..., 4, H, W) for transparent RGBA and alpha="keep"."""
+    if alpha not in ("drop", "white", "black", "keep"):
+        raise RewardInputError(f"alpha must be 'drop', 'white', 'black' or 'keep', got {alpha!r}")
     c = x.shape[-3]
     if c == 3:
         return x
@@ -77,7 +84,12 @@ def _fix_channels(x: torch.Tensor, alpha: Literal["drop", "white", "black"], wha
         return x.expand(*x.shape[:-3], 3, *x.shape[-2:])
     if c == 4:
         rgb, a = x[..., :3, :, :], x[..., 3:4, :, :]
-        if alpha == "drop":  # what PIL's convert("RGB") does, and so every reference package
+        if alpha == "keep":
+            with torch.no_grad():
+                opaque = bool((a >= 1).all())
+            # an opaque alpha changes nothing in any convention: RGB keeps batches stackable and paths fast
+            return rgb if opaque else x
+        if alpha == "drop":  # what PIL's convert("RGB") does
             return rgb
         bg = 1.0 if alpha == "white" else 0.0
         return rgb * a + bg * (1 - a)
@@ -110,8 +122,8 @@ def _pil_to_tensor(img: Any, alpha: str, what: str) -> torch.Tensor:
     return _fix_channels(t.float() / 255.0, alpha, what)
 
 
-def read_image(path: str | os.PathLike, alpha: Literal["drop", "white", "black"] = "drop") -> torch.Tensor:
-    """Read an image file to a (3, H, W) float tensor in [0, 1]."""
+def read_image(path: str | os.PathLike, alpha: Alpha = "drop") -> torch.Tensor:
+    """Read an image file to a (3, H, W) float tensor in [0, 1] ((4, H, W) for transparent RGBA and alpha="keep")."""
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
@@ -153,9 +165,7 @@ def _tensor_to_unit(t: torch.Tensor, value_range: ValueRange | None, alpha: str,
     return _fix_channels(_to_unit_range(t, value_range, what), alpha, what)
 
 
-def load_image(
-    item: Any, value_range: ValueRange | None = None, alpha: Literal["drop", "white", "black"] = "drop"
-) -> torch.Tensor:
+def load_image(item: Any, value_range: ValueRange | None = None, alpha: Alpha = "drop") -> torch.Tensor:
     """One image from a path, PIL image, numpy HW/HWC array or CHW tensor -> (3, H, W) in [0, 1]."""
     from PIL import Image
 
@@ -352,7 +362,7 @@ def to_batch(
     modality: Literal["image", "video", "auto"] = "image",
     value_range: ValueRange | None = None,
     device: torch.device | str | None = None,
-    alpha: Literal["drop", "white", "black"] = "drop",
+    alpha: Alpha = "drop",
     **video_options: Any,
 ) -> MediaBatch:
     """Any accepted media -> a batch in the tensor convention (see module docstring).

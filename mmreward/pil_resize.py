@@ -41,9 +41,10 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 def pil_resize(
     images: torch.Tensor | Sequence[torch.Tensor], size_rule: SizeRule, resample: str = "bicubic"
 ) -> list[torch.Tensor]:
-    """Quantise each (3, H, W) image in [0, 1] to uint8 and resize it with Pillow to size_rule(H, W) = (h, w).
+    """Quantise each (C, H, W) image in [0, 1] to uint8 and resize it with Pillow to size_rule(H, W) = (h, w).
 
-    Returns float32 (3, h, w) tensors in [0, 1] (levels / 255) on the input's device.
+    C is 3 (RGB) or 4 (RGBA, which Pillow resizes premultiplied by alpha). Returns float32 (C, h, w)
+    tensors in [0, 1] (levels / 255) on the input's device.
     """
     from PIL import Image
 
@@ -58,7 +59,7 @@ def pil_resize(
     def one(arr: np.ndarray) -> np.ndarray:
         h, w = arr.shape[:2]
         out_h, out_w = size_rule(h, w)
-        img = Image.fromarray(np.ascontiguousarray(arr))
+        img = Image.fromarray(np.ascontiguousarray(arr))  # HxWx4 uint8 is RGBA, which Pillow resizes premultiplied
         if (out_h, out_w) != (h, w):
             img = img.resize((out_w, out_h), resample=_RESAMPLE[resample])
         return np.asarray(img)

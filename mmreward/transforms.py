@@ -4,6 +4,9 @@ Every function takes (B, C, H, W) float tensors (or a list of (C, H, W) tensors 
 are processed in same-size groups) and returns a stacked (B, C, h, w) tensor. The rounding rules are
 explicit because references differ: torchvision's CenterCrop rounds the offset, Hugging Face image
 processors floor it.
+
+A 4-channel image is RGBA: its colour is resized premultiplied by alpha, as Pillow resizes RGBA images
+(RGBA -> RGBa, resize, back to RGBA), so fully transparent pixels do not bleed their colour.
 """
 
 from __future__ import annotations
@@ -57,6 +60,24 @@ def output_size_shorter_side(h: int, w: int, size: int) -> tuple[int, int]:
     return int(size * h / w), size
 
 
+# Pillow rounds alpha to 8 bits: below half a level it is 0, and Pillow then keeps the premultiplied colour.
+_ALPHA_EPS = 0.5 / 255.0
+
+
+def _interpolate(x: torch.Tensor, out_hw: tuple[int, int], interpolation: str, antialias: bool) -> torch.Tensor:
+    """F.interpolate on (B, C, H, W); C == 4 is RGBA, resized premultiplied and clipped to [0, 1] as Pillow does."""
+    kwargs = {} if interpolation in ("nearest", "area") else {"align_corners": False, "antialias": antialias}
+    if x.shape[-3] != 4:
+        return F.interpolate(x, size=out_hw, mode=interpolation, **kwargs)
+    rgb, a = x[:, :3], x[:, 3:4]
+    out = F.interpolate(torch.cat([rgb * a, a], dim=1), size=out_hw, mode=interpolation, **kwargs).clamp(0, 1)
+    premul, a = out[:, :3], out[:, 3:4]
+    visible = a > _ALPHA_EPS
+    # where() alone would still back-propagate inf * 0 = nan through the masked branch: divide by a safe alpha
+    colour = (premul / torch.where(visible, a, torch.ones_like(a))).clamp(0, 1)
+    return torch.cat([torch.where(visible, colour, premul), a], dim=1)
+
+
 def resize(
     images: Images,
     size: int | tuple[int, int],
@@ -70,8 +91,7 @@ def resize(
         out_hw = output_size_shorter_side(h, w, size) if isinstance(size, int) else tuple(size)
         if tuple(out_hw) == (h, w):
             return x
-        kwargs = {} if interpolation in ("nearest", "area") else {"align_corners": False, "antialias": antialias}
-        return F.interpolate(x, size=out_hw, mode=interpolation, **kwargs)
+        return _interpolate(x, out_hw, interpolation, antialias)
 
     return map_groups(fn, images)
 
@@ -119,8 +139,7 @@ def resize_longest_and_pad(
         scale = size / max(h, w)
         nh, nw = round(h * scale), round(w * scale)
         if (nh, nw) != (h, w):
-            kwargs = {} if interpolation in ("nearest", "area") else {"align_corners": False, "antialias": antialias}
-            x = F.interpolate(x, size=(nh, nw), mode=interpolation, **kwargs)
+            x = _interpolate(x, (nh, nw), interpolation, antialias)
         ph, pw = size - nh, size - nw
         return F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2], value=fill)
 

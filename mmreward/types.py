@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -97,7 +97,8 @@ class Reward(torch.nn.Module):
 
     Subclasses set the class attributes and implement `_score(prompts, media)` where `media` is a
     float tensor in [0, 1] of shape (B, 3, H, W) (or (B, T, 3, H, W) for video), or a list of
-    per-item tensors when the items differ in size. `_score` must be batched and differentiable when
+    per-item tensors when the items differ in size (transparent RGBA images arrive as 4-channel items
+    when `image_alpha` is not "drop_first"). `_score` must be batched and differentiable when
     `differentiable` is True: the base class keeps the graph only when the input requires grad.
     """
 
@@ -135,10 +136,24 @@ class Reward(torch.nn.Module):
                 return t.dtype
         return torch.float32
 
+    @property
+    def image_alpha(self) -> str:
+        """Where the original recipe drops an RGBA image's alpha (an `ImagePreprocess.alpha` convention).
+
+        Rewards with a preprocessing card return the card's; anything but "drop_first" makes `prepare`
+        keep alpha (4 channels for transparent images) so that the card can apply it."""
+        return "drop_first"
+
+    @property
+    def media_alpha(self) -> Literal["drop", "keep"]:
+        """The `alpha` to ask `mmreward.media.to_batch` for when loading media for this reward."""
+        return "drop" if self.image_alpha == "drop_first" else "keep"
+
     def prepare(self, media: Any, value_range: tuple[float, float] | None = None):
         """Convert any accepted media into this reward's tensor convention, device and dtype."""
         modality = self.modalities[0] if len(self.modalities) == 1 else "auto"
-        batch = media_io.to_batch(media, modality=modality, value_range=value_range, device=self.device)
+        batch = media_io.to_batch(media, modality=modality, value_range=value_range, device=self.device,
+                                  alpha=self.media_alpha)
         dtype = self.dtype
         if isinstance(batch, torch.Tensor):
             return batch.to(dtype)

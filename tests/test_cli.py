@@ -120,3 +120,23 @@ def test_two_process_sharding_merges_in_input_order(folder, tmp_path):
     assert res.returncode == 1, res.stderr[-2000:]  # the broken item is reported across ranks
     assert _rows(merged) == _rows(single)
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_score_keeps_alpha_for_families_that_resize_rgba_first(tmp_path):
+    """imagereward's original resizes RGBA before dropping alpha: the CLI must hand it the alpha too."""
+    rng = np.random.default_rng(1)
+    rgba = np.concatenate([(rng.random((60, 90, 3)) * 255).astype(np.uint8), np.zeros((60, 90, 1), np.uint8)], -1)
+    rgba[..., 3] = np.linspace(0, 255, 90).round().astype(np.uint8)[None, :]
+    Image.fromarray(rgba).save(tmp_path / "a_transparent.png")
+    Image.fromarray(rgba[..., :3]).save(tmp_path / "b_rgb.png")
+    opaque = rgba.copy()
+    opaque[..., 3] = 255
+    Image.fromarray(opaque).save(tmp_path / "c_opaque.png")
+    out = tmp_path / "s.jsonl"
+    code = main(["score", "--reward", "imagereward", "--weights", "random", "--option", "tiny=true", "--prompt", "a cat",
+                 *(str(tmp_path / n) for n in ("a_transparent.png", "b_rgb.png", "c_opaque.png")),
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    transparent, rgb, opaque_score = (r["score"] for r in _rows(out))
+    assert opaque_score == rgb
+    assert abs(transparent - rgb) > 1e-4

@@ -154,3 +154,22 @@ def test_corrupt_and_missing_video(tmp_path):
     if "decord" not in media.available_video_backends():
         with pytest.raises(MediaError, match="'decord' is not installed"):
             media.read_video(bad, backend="decord")
+
+
+def test_alpha_keep_returns_rgba_only_for_transparent_images():
+    rgba = np.full((4, 5, 4), 200, np.uint8)
+    opaque = rgba.copy()
+    opaque[..., 3] = 255
+    rgba[0, 0, 3] = 0
+    kept = media.load_image(Image.fromarray(rgba), alpha="keep")
+    assert kept.shape == (4, 4, 5) and float(kept[3, 0, 0]) == 0.0
+    assert media.load_image(Image.fromarray(opaque), alpha="keep").shape == (3, 4, 5)
+    la = Image.fromarray(rgba).convert("LA")
+    assert media.load_image(la, alpha="keep").shape == (4, 4, 5)
+    batch = media.to_batch([Image.fromarray(rgba), Image.fromarray(opaque)], alpha="keep")
+    assert [t.shape[0] for t in batch] == [4, 3]  # a list: channel counts differ
+    t = torch.from_numpy(rgba).permute(2, 0, 1)[None]
+    assert media.to_batch(t, alpha="keep").shape == (1, 4, 4, 5)
+    assert media.to_batch(t).shape == (1, 3, 4, 5)
+    with pytest.raises(RewardInputError, match="alpha must be"):
+        media.load_image(Image.fromarray(rgba), alpha="transparent")

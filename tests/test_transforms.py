@@ -59,3 +59,58 @@ def test_normalize_and_quantize():
     arr = (x[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
     pil_round_trip = torch.from_numpy(np.array(Image.fromarray(arr))).permute(2, 0, 1).float() / 255
     torch.testing.assert_close(T.quantize_uint8(x[0]), pil_round_trip)
+
+
+def _cutout_rgba(h: int = 120, w: int = 180) -> np.ndarray:
+    """Bright hidden colour under alpha 0 (left third), an alpha ramp 0..255 (middle), opaque (right)."""
+    g = np.random.default_rng(0)
+    rgb = (g.random((h, w, 3)) * 0.5 + 0.5) * 255
+    alpha = np.concatenate([np.zeros(w // 3), np.linspace(0, 255, w // 3), np.full(w - 2 * (w // 3), 255)])
+    return np.concatenate([rgb, np.broadcast_to(alpha[None, :, None], (h, w, 1))], axis=-1).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("size", [64, 224])
+def test_rgba_resize_is_premultiplied_like_pillow(size):
+    arr = _cutout_rgba()
+    oh, ow = T.output_size_shorter_side(*arr.shape[:2], size)
+    want = torch.from_numpy(np.asarray(Image.fromarray(arr).resize((ow, oh), Image.BICUBIC)).copy())
+    want = want.permute(2, 0, 1).float() / 255
+    x = torch.from_numpy(arr).permute(2, 0, 1)[None].float() / 255
+    got = T.resize(x, size)[0]
+    rgb_first = T.resize(x[:, :3], size)[0].clamp(0, 1)
+    assert got.shape == (4, oh, ow)
+    err, err_rgb_first = (got[:3] - want[:3]).abs(), (rgb_first - want[:3]).abs()
+    # fully transparent pixels come out black, as in Pillow, instead of showing the hidden colour
+    transparent = want[3] == 0
+    assert transparent.any() and float(got[:3, transparent].abs().max()) == 0.0
+    assert float(err_rgb_first[:, transparent].min()) > 0.4
+    # elsewhere the float path deviates only by Pillow's 8-bit rounding of premultiplied colour, which is
+    # amplified by 1/alpha where alpha is small: bound it where alpha >= 1/8 and on average
+    assert float(err[:, want[3] >= 0.125].max()) < 0.06
+    assert float(err.mean()) < 0.2 * float(err_rgb_first.mean())
+    torch.testing.assert_close(got[3], want[3], atol=2 / 255, rtol=0)
+    # differentiable, with finite gradients where alpha is 0
+    x.requires_grad_(True)
+    T.resize(x, size)[:, :3].sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad[:, :3].abs().sum() > 0
+
+
+def test_preprocess_card_alpha_conventions():
+    from mmreward.errors import ConfigError
+    from mmreward.models._image_preprocess import ImagePreprocess
+
+    rgba = torch.from_numpy(_cutout_rgba()).permute(2, 0, 1).float() / 255
+    rgb = rgba[:3]
+    drop = ImagePreprocess(size=64, crop=64, alpha="drop_first")
+    torch.testing.assert_close(drop([rgba]), drop([rgb]), atol=0, rtol=0)
+    later = ImagePreprocess(size=64, crop=64, alpha="resize_then_drop")
+    assert (later([rgba]) - drop([rgb])).abs().max() > 1.0  # transparent pixels black, not the hidden colour
+    # items with and without alpha, of different sizes, in one list
+    assert later([rgba, rgb[:, :100, :150]]).shape == (2, 3, 64, 64)
+    white = ImagePreprocess(size=64, crop=64, alpha="composite:#ffffff")([rgba])
+    torch.testing.assert_close(white, ImagePreprocess(size=64, crop=64)([rgb * rgba[3:] + (1 - rgba[3:])]))
+    with pytest.raises(RewardInputError, match="transparent"):
+        ImagePreprocess(size=64, crop=64, alpha="reject")([rgba])
+    for bad in ("drop", "composite:teal", "composite:#12"):
+        with pytest.raises(ConfigError, match="alpha must be"):
+            ImagePreprocess(alpha=bad)

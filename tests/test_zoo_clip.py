@@ -120,7 +120,8 @@ def test_clipscore_open_clip_matches_reference(open_clip_dir):
     # the reference package's own loader and tokenizer on the same folder
     model = open_clip.create_model(f"local-dir:{open_clip_dir}").eval()
     tok = open_clip.get_tokenizer(f"local-dir:{open_clip_dir}")
-    tf = torchvision_clip_transform(224)
+    # open_clip's own eval transform: Resize, CenterCrop, then convert("RGB") (RGBA resized premultiplied)
+    tf = open_clip.image_transform(224, is_train=False, resize_mode="shortest", interpolation="bicubic")
 
     def ref(pil, prompts):
         out = []
@@ -282,3 +283,24 @@ def test_differentiable_path_on_mixed_size_list(hf_clip_dir):
     assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in xs)
     ref = reward.score(["a cat", "a dog"], [x.detach() for x in xs]).details["cosine"]
     assert (out.details["cosine"].detach() - ref).abs().max() < DIFF_COS_TOL
+
+
+@pytest.mark.parametrize("name,backbone,convention", [
+    ("clipscore", "transformers", "drop_first"),
+    ("clipscore", "open_clip", "resize_then_drop"),
+    ("pickscore", "transformers", "drop_first"),
+])
+def test_alpha_convention_and_rgb_scores_unchanged(hf_clip_dir, open_clip_dir, name, backbone, convention):
+    from zoo_reference import gradient_alpha_image
+
+    reward = mmreward.load(name, checkpoint=str(hf_clip_dir if backbone == "transformers" else open_clip_dir))
+    assert reward.image_alpha == convention
+    im = gradient_alpha_image(333, 517, 2)
+    opaque = im.copy()
+    opaque.putalpha(255)
+    got = reward.score(PROMPTS[0], [im, opaque, im.convert("RGB")]).details["cosine"]
+    assert got[1] == got[2], "an opaque alpha channel must not change the score"
+    if convention == "drop_first":
+        assert got[0] == got[2]
+    else:
+        assert (got[0] - got[2]).abs() > 1e-4

@@ -50,7 +50,10 @@ def reference_scores(sd, images, prompts):
     out = []
     with torch.no_grad():
         for im, p in zip(images, prompts):
-            a = F.normalize(model.encode_image(hps_pixels(im)), dim=-1)
+            pixels = hps_pixels(im)
+            if pixels.shape[1] == 4:  # the original cannot score RGBA; our documented convention drops alpha first
+                pixels = hps_pixels(im.convert("RGB"))
+            a = F.normalize(model.encode_image(pixels), dim=-1)
             b = F.normalize(model.encode_text(tok([p])), dim=-1)
             out.append((a @ b.T).diagonal())
     return torch.cat(out)

@@ -226,7 +226,7 @@ def default_clip_tokenizer():
 
 
 def read_hf_preprocess(
-    checkpoint: str | None, image_size: int, crop_rounding: str, resize_backend: str
+    checkpoint: str | None, image_size: int, crop_rounding: str, resize_backend: str, alpha: str = "drop_first"
 ) -> ImagePreprocess:
     """The preprocess card from preprocessor_config.json when the checkpoint has one, else CLIP's defaults."""
     size, crop = image_size, image_size
@@ -244,7 +244,8 @@ def read_hf_preprocess(
             kwargs["std"] = tuple(float(v) for v in cfg["image_std"])
         if cfg.get("resample", 3) != 3:
             raise CheckpointError(f"{files['preprocessor_config.json']}: only bicubic resampling (3) is supported")
-    return ImagePreprocess(size=size, crop=crop, crop_rounding=crop_rounding, resize_backend=resize_backend, **kwargs)
+    return ImagePreprocess(size=size, crop=crop, crop_rounding=crop_rounding, resize_backend=resize_backend,
+                           alpha=alpha, **kwargs)
 
 
 def build_hf_backbone(
@@ -258,13 +259,17 @@ def build_hf_backbone(
     resize_backend: str = "pil",
     cache_size: int = 4096,
     seed: int | None = None,
+    alpha: str = "drop_first",
 ) -> HFClipBackbone:
-    """Model from `checkpoint`; tokenizer and preprocessor from `tokenizer`/`processor` or the checkpoint."""
+    """Model from `checkpoint`; tokenizer and preprocessor from `tokenizer`/`processor` or the checkpoint.
+
+    alpha: "drop_first" is the Hugging Face CLIP processor's (transformers 4.x convert("RGB") before resizing)."""
     model = load_hf_clip_model(checkpoint, weights=weights, config=config, seed=seed)
     tok_source = tokenizer or (checkpoint if has_files(checkpoint, HF_TOKENIZER_FILES) else processor)
     tok = load_hf_clip_tokenizer(tok_source)
     proc_source = processor if processor and not has_files(checkpoint, ("preprocessor_config.json",)) else checkpoint
-    pre = read_hf_preprocess(proc_source, int(model.config.vision_config.image_size), crop_rounding, resize_backend)
+    pre = read_hf_preprocess(proc_source, int(model.config.vision_config.image_size), crop_rounding, resize_backend,
+                             alpha)
     return HFClipBackbone(model, tok, pre, cache_size)
 
 
@@ -305,8 +310,13 @@ def load_open_clip_weights(model: torch.nn.Module, path: Path, *, key: str | Non
 
 
 def open_clip_preprocess(
-    model, preprocess_cfg: dict[str, Any] | None, resize_backend: str, mode: str = "shortest-crop"
+    model,
+    preprocess_cfg: dict[str, Any] | None,
+    resize_backend: str,
+    mode: str = "shortest-crop",
+    alpha: str = "resize_then_drop",
 ) -> ImagePreprocess:
+    """open_clip's eval transform. Its RGB conversion comes after Resize and CenterCrop ("resize_then_drop")."""
     size = model.visual.image_size
     size = int(size[0] if isinstance(size, (tuple, list)) else size)
     cfg = preprocess_cfg or {}
@@ -320,7 +330,7 @@ def open_clip_preprocess(
     if cfg.get("std"):
         kwargs["std"] = tuple(float(v) for v in cfg["std"])
     return ImagePreprocess(
-        size=size, crop=size, mode=mode, crop_rounding="round", resize_backend=resize_backend, **kwargs
+        size=size, crop=size, mode=mode, crop_rounding="round", resize_backend=resize_backend, alpha=alpha, **kwargs
     )
 
 

@@ -5,7 +5,9 @@ layers without activations (dropout between them), keys layers.{0,2,4,6,7}; the 
 saved on CUDA and is read with map_location="cpu". The backbone is OpenAI's ViT-L/14 in the
 transformers layout (openai/clip-vit-large-patch14), or any folder holding config.json + weights next
 to the head file. The reference predictor preprocesses with OpenAI CLIP's torchvision pipeline, so the
-crop offset is rounded (crop_rounding="floor" reproduces DDPO/TRL's CLIPProcessor variant instead).
+crop offset is rounded and RGBA images are resized (premultiplied) before alpha is dropped;
+crop_rounding="floor" reproduces DDPO/TRL's CLIPProcessor variant instead (offset floored, alpha dropped
+first).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ SPECS = [
         requires=("transformers",),
         score_range="AVA scale, nominally 1-10; about 4-7 for typical generations. compare: Bradley-Terry, T=1",
         preprocess=(
-            "OpenAI CLIP: shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset rounded), "
-            "OpenAI CLIP mean/std; embedding L2-normalised"
+            "OpenAI CLIP: shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset rounded), then RGB "
+            "(alpha: resize_then_drop), OpenAI CLIP mean/std; embedding L2-normalised"
         ),
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*
         tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch"},
@@ -75,6 +77,10 @@ class Aesthetic(Reward):
         emb = F.normalize(self.backbone.image_features(media).float(), dim=-1)
         return RewardOutput(self.head(emb.to(self.head.layers[0].weight.dtype)).squeeze(-1).float())
 
+    @property
+    def image_alpha(self) -> str:
+        return self.backbone.preprocess.alpha
+
 
 def load_aesthetic(
     checkpoint: str | None,
@@ -92,16 +98,19 @@ def load_aesthetic(
     from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
     from mmreward.models import _clip_backbone as cb
 
+    # OpenAI CLIP's preprocess converts to RGB after resizing; the CLIPProcessor variant before
+    alpha = "resize_then_drop" if crop_rounding == "round" else "drop_first"
     if weights == "random":
         net = cb.build_hf_backbone(checkpoint if backbone is None else backbone, weights="random", config=config,
-                                   crop_rounding=crop_rounding, resize_backend=resize_backend)
+                                   crop_rounding=crop_rounding, resize_backend=resize_backend, alpha=alpha)
         head = AestheticHead(net.model.config.projection_dim)
         return Aesthetic(net, head.eval(), micro_batch_size=micro_batch_size)
     path = Path(str(checkpoint)).expanduser()
     head_file = path if path.is_file() else resolve_files(str(checkpoint), [HEAD_FILE])[HEAD_FILE]
     if backbone is None:
         backbone = str(path) if path.is_dir() and (path / "config.json").exists() else BACKBONE_REPO
-    net = cb.build_hf_backbone(backbone, weights="pretrained", crop_rounding=crop_rounding, resize_backend=resize_backend)
+    net = cb.build_hf_backbone(backbone, weights="pretrained", crop_rounding=crop_rounding,
+                               resize_backend=resize_backend, alpha=alpha)
     sd = load_state_dict(head_file)
     head = AestheticHead(int(sd["layers.0.weight"].shape[1]) if "layers.0.weight" in sd else 768)
     load_strict(head, sd, str(head_file))

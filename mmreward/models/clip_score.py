@@ -6,9 +6,9 @@
   "A photo depicts " prepended to each prompt (set text_prefix="" to drop it).
 
 Backbones: transformers CLIPModel folders/repos (torchmetrics' default openai/clip-vit-large-patch14;
-Hugging Face processor preprocessing, crop offset floored) or open_clip models (hub layout
-open_clip_config.json + weights, or a weights file with model_name=...; torchvision preprocessing,
-crop offset rounded).
+Hugging Face processor preprocessing, crop offset floored, alpha dropped first) or open_clip models (hub
+layout open_clip_config.json + weights, or a weights file with model_name=...; torchvision preprocessing,
+crop offset rounded, RGBA resized premultiplied before alpha is dropped).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ SPECS = [
             "clip-s: 2.5*max(cos, 0) in [0, 2.5], about 0.5-0.9. compare: Bradley-Terry on 100*delta(cos)"
         ),
         preprocess=(
-            "transformers: resize shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset floored), "
-            "OpenAI CLIP mean/std; open_clip: the same with the crop offset rounded"
+            "transformers: RGB first (alpha: drop_first), resize shorter side 224 bicubic (Pillow on uint8), centre "
+            "crop 224 (offset floored), OpenAI CLIP mean/std; open_clip: the same with the crop offset rounded and "
+            "RGB after the crop (alpha: resize_then_drop)"
         ),
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*.
         # A fixed init seed whose cosines are mostly positive: the clamp would make an all-negative draw constant.
@@ -91,6 +92,10 @@ class ClipScore(Reward):
         cos = (img * txt).sum(dim=-1)
         scores = (100.0 * cos).clamp(min=0.0) if self.convention == "torchmetrics" else 2.5 * cos.clamp(min=0.0)
         return RewardOutput(scores, {"cosine": cos})
+
+    @property
+    def image_alpha(self) -> str:
+        return self.backbone.preprocess.alpha
 
 
 def load_clipscore(

@@ -10,7 +10,9 @@ Preprocessing (HPSv2's preprocess_val): convert to RGB, ToTensor, then resize th
 mean/std. Because the reference itself resizes float tensors, our scoring and differentiable paths are
 the same computation. Two deviations, both where the reference fails: images whose longer side is
 already 224 but are not square are padded (the reference skips padding and then cannot run them), and
-RGBA input is reduced to RGB (the reference passes 4 channels to a 3-channel model).
+RGBA input is reduced to RGB before anything else (alpha: drop_first). HPSv2's `_convert_to_rgb_or_rgba`
+keeps RGBA, its ToTensor makes 4 channels and its 3-channel patch embedding then raises, so the original
+has no score for any RGBA image; dropping alpha first is what its RGB path does for the converted image.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ TINY_OPEN_CLIP_CFG: dict[str, Any] = {
 }
 
 _PRE = (
-    "RGB, ToTensor, resize longer side to 224 (bicubic, antialiased, float tensors), zero-pad centred "
+    "RGB first (alpha: drop_first; the original raises on RGBA), ToTensor, resize longer side to 224 (bicubic, antialiased, float tensors), zero-pad centred "
     "to 224x224, OpenAI CLIP mean/std"
 )
 SPECS = [
@@ -66,6 +68,10 @@ class HPSv2(Reward):
         txt = F.normalize(self.backbone.text_features(prompts).float(), dim=-1)
         return RewardOutput((img * txt).sum(dim=-1))
 
+    @property
+    def image_alpha(self) -> str:
+        return self.backbone.preprocess.alpha
+
 
 def _load(
     checkpoint: str | None,
@@ -88,7 +94,7 @@ def _load(
         weight_file = path if path.is_file() else resolve_files(str(checkpoint), [filename])[filename]
         sd_model = model
         cb.load_open_clip_weights(sd_model, weight_file, key="state_dict")
-    pre = cb.open_clip_preprocess(model, None, "torch", mode="longest-pad")
+    pre = cb.open_clip_preprocess(model, None, "torch", mode="longest-pad", alpha="drop_first")
     net = cb.OpenClipBackbone(model, cb.open_clip_tokenizer(cfg), pre, cache_size)
     reward = HPSv2(net, micro_batch_size=micro_batch_size)
     return reward

@@ -10,7 +10,8 @@ pre-norm before the blocks); the med BERT is post-norm with absolute positions, 
 embeddings, and self-attention masks of (1 - mask) * -10000.
 
 Preprocessing is ImageReward's `_transform(224)`: torchvision Resize(224, bicubic) and CenterCrop on
-the PIL image (Pillow on uint8, offset rounded), RGB, ToTensor, OpenAI CLIP mean/std. The ViT geometry
+the PIL image (Pillow on uint8, offset rounded), RGB, ToTensor, OpenAI CLIP mean/std. RGB conversion
+comes after the resize, so an RGBA image is resized premultiplied by alpha ("resize_then_drop"). The ViT geometry
 is read from the checkpoint's tensor shapes (head width 64), the text geometry from med_config.json.
 Only the tokenisation of each unique prompt is cached: the text encoder attends to the image, so its
 output cannot be cached per prompt.
@@ -55,8 +56,8 @@ SPECS = [
         requires=("transformers",),
         score_range="standardised: mean 0, std 1 over the training prompts; about -2 to 2. compare: Bradley-Terry, T=1",
         preprocess=(
-            "Resize shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset rounded), OpenAI CLIP "
-            "mean/std; prompt: bert-base-uncased, padded/truncated to 35 tokens"
+            "Resize shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset rounded), then RGB "
+            "(alpha: resize_then_drop), OpenAI CLIP mean/std; prompt: bert-base-uncased, padded/truncated to 35 tokens"
         ),
         tiny_options={"tiny": True, "resize_backend": "torch"},
     )
@@ -334,6 +335,10 @@ class ImageReward(Reward):
         ids, mask = self.tokenize(prompts)
         return RewardOutput(self.model(pixels, ids, mask).float())
 
+    @property
+    def image_alpha(self) -> str:
+        return self.preprocess.alpha
+
 
 def load_bert_tokenizer(source: str):
     """bert-base-uncased's WordPiece tokenizer plus BLIP's two added tokens ([DEC] as bos, [ENC])."""
@@ -418,5 +423,5 @@ def load_imagereward(
             tok_source = str(folder) if (folder / "vocab.txt").exists() or (folder / "tokenizer.json").exists() else TOKENIZER_REPO
         tok = load_bert_tokenizer(tok_source)
     pre = ImagePreprocess(size=geo["image_size"], crop=geo["image_size"], crop_rounding="round",
-                          resize_backend=resize_backend)
+                          resize_backend=resize_backend, alpha="resize_then_drop")
     return ImageReward(model.float().eval(), tok, pre, micro_batch_size=micro_batch_size, cache_size=cache_size)

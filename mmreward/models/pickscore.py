@@ -4,7 +4,9 @@ score = exp(logit_scale) * cos(image, prompt). Preferences between candidates of
 softmax of their scores (`rank`); for a pair that softmax is sigmoid(s_a - s_b), which is what
 `compare` returns (Bradley-Terry with temperature 1). The processor (preprocessing and tokenizer) lives
 in the laion ViT-H-14 repo; a single local folder holding the model and the processor files works too.
-Preprocessing is the Hugging Face CLIPImageProcessor's: Pillow bicubic, crop offset floored.
+Preprocessing is the Hugging Face CLIPImageProcessor's: Pillow bicubic, crop offset floored, and RGB
+conversion first (alpha dropped; PickScore pins transformers 4.27, whose convert_to_rgb is PIL's
+convert("RGB"); transformers 5 composites onto white instead).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ SPECS = [
             "compare/rank: softmax over candidates of one prompt"
         ),
         preprocess=(
-            "CLIPImageProcessor of laion/CLIP-ViT-H-14: shorter side 224 bicubic (Pillow on uint8), "
+            "CLIPImageProcessor of laion/CLIP-ViT-H-14: RGB first (alpha: drop_first), shorter side 224 bicubic (Pillow on uint8), "
             "centre crop 224 (offset floored), OpenAI CLIP mean/std"
         ),
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*
@@ -68,6 +70,10 @@ class PickScore(Reward):
         txt = F.normalize(self.backbone.text_features(prompts).float(), dim=-1)
         cos = (img * txt).sum(dim=-1)
         return RewardOutput(self.backbone.logit_scale.float().exp() * cos, {"cosine": cos})
+
+    @property
+    def image_alpha(self) -> str:
+        return self.backbone.preprocess.alpha
 
     def rank(self, prompts: Prompts, media: Any, **kwargs: Any) -> RewardOutput:
         """Scores plus details['prob']: the softmax over the candidates that share a prompt."""
