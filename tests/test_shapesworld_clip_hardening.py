@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from mmreward.errors import ConfigError, RewardInputError
-from mmreward.synthetic import train_clip
-from mmreward.synthetic.generated_pool import GeneratedPool
-from mmreward.synthetic.train_clip import ClipTrainConfig
+from mmreward.synthetic.build import train_clip
+from mmreward.synthetic.build.generated_pool import GeneratedPool
+from mmreward.synthetic.build.train_clip import ClipTrainConfig
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "shapesworld"
 
@@ -94,7 +94,7 @@ def test_clip_trainer_smoke_with_pool_and_negatives(tmp_path):
 
 def test_evaluation_reserve_is_a_third_of_every_training_category_and_never_used_for_training():
     from mmreward.synthetic import caption
-    from mmreward.synthetic.generated_pool import reserved_for_evaluation, reward_training_specs
+    from mmreward.synthetic.build.generated_pool import reserved_for_evaluation, reward_training_specs
     from mmreward.synthetic.scenes import specs_for_split
 
     for cat, specs in specs_for_split("train").items():
@@ -111,8 +111,8 @@ def test_harden_clip_quick_builds_a_loadable_clip_from_unreserved_prompts(tmp_pa
     import json
 
     import mmreward
-    from diffusion_rl.inference import harden_clip
-    from mmreward.synthetic.generated_pool import reserved_for_evaluation
+    from diffusion_rl.experiments import harden_clip
+    from mmreward.synthetic.build.generated_pool import reserved_for_evaluation
 
     out, work = tmp_path / "clip-hardened", tmp_path / "work"
     summary = harden_clip.main(["--quick", "--generator", str(ASSETS / "generator"), "--clip", str(ASSETS / "clip"),
@@ -128,3 +128,4 @@ def test_harden_clip_quick_builds_a_loadable_clip_from_unreserved_prompts(tmp_pa
     images = torch.rand(2, 3, 32, 32)
     scores = reward.score(["a red circle", "two squares"], images).scores
     assert scores.shape == (2,) and torch.isfinite(scores).all()
+

@@ -1,17 +1,17 @@
 """Build the hardened ShapesWorld CLIP reward (assets/shapesworld/clip-hardened) from the shipped CLIP.
 
-    python -m diffusion_rl.inference.harden_clip --out assets/shapesworld/clip-hardened
+    python -m diffusion_rl.experiments.harden_clip --out assets/shapesworld/clip-hardened
 
 The shipped CLIP (assets/shapesworld/clip) was trained on clean renders only. On the generator's own
 samples it cannot tell which ones the ShapesEval checker accepts (within-prompt AUC ~0.5), and ReNO
 against it finds jagged, speckled images that raise the cosine and lower accuracy. The recipe is the
 usual one for reward models, with the checker in place of human labels:
 1. sample the generator on reward-training prompts and label every sample with the checker
-   (mmreward.synthetic.generated_pool);
+   (mmreward.synthetic.build.generated_pool);
 2. fine-tune the CLIP with hard negatives: corrupted renders and rejected generator samples, with the
    accepted samples as extra positives, plus pixel degradations;
 3. run ReNO against that CLIP on other reward-training prompts, label its iterates with the checker
-   (diffusion_rl.inference.adversarial_pool);
+   (diffusion_rl.experiments.adversarial_pool);
 4. fine-tune again on both pools.
 No prompt of the evaluation reserve (generated_pool.reserved_for_evaluation) or of the held-out split is
 used at any step.
@@ -29,8 +29,8 @@ from pathlib import Path
 def main(argv: Sequence[str] | None = None) -> dict:
     from diffusers.utils import logging as diffusers_logging
 
-    from diffusion_rl.inference import adversarial_pool
-    from mmreward.synthetic import generated_pool, train_clip
+    from diffusion_rl.experiments import adversarial_pool
+    from mmreward.synthetic.build import generated_pool, train_clip
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--generator", default="assets/shapesworld/generator")
@@ -92,9 +92,9 @@ follows the ShapesEval checker on images the ShapesWorld generator actually make
    its iterates labelled by the checker (strict by iteration: {', '.join(f'{k}: {v:.3f}' for k, v in adv.items())});
    {args.steps[1]} more CLIP steps on both pools.
 
-No prompt of the ReNO evaluation reserve (`mmreward.synthetic.generated_pool.reserved_for_evaluation`) or of
+No prompt of the ReNO evaluation reserve (`mmreward.synthetic.build.generated_pool.reserved_for_evaluation`) or of
 the held-out split was used. Built in {summary['minutes']} min on 2 CPU threads.
-Rebuild: `python -m diffusion_rl.inference.harden_clip --out assets/shapesworld/clip-hardened`.
+Rebuild: `python -m diffusion_rl.experiments.harden_clip --out assets/shapesworld/clip-hardened`.
 
 ## Measured: zero-shot top-1 caption retrieval on held-out prompts (clean renders)
 
