@@ -249,7 +249,6 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig) if f.name != "preset"}
 _SECTION_CLASSES = {
     "model": ModelConfig, "sample": SampleConfig, "reward": RewardConfig, "advantage": AdvantageConfig,
     "train": TrainConfig, "prompts": PromptsConfig, "log": LogConfig,

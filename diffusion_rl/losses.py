@@ -47,11 +47,6 @@ def ppo_clip_loss(
     return PolicyLossOutput(loss, ratio.detach(), clip_fraction, approx_kl)
 
 
-def reinforce_loss(log_prob: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """-mean(A log pi): the vanilla policy gradient (DDPO-SF)."""
-    return -(advantages * log_prob).mean()
-
-
 def gaussian_kl(
     mean: torch.Tensor,
     ref_mean: torch.Tensor,

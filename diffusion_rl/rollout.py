@@ -19,7 +19,7 @@ of processes or the batch layout, and two samples of a group never share noise b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -459,7 +459,6 @@ class Trajectory:
     sample_ids: torch.Tensor  # (B,) long
     images: torch.Tensor | None = None  # (B, 3, H, W) in [0, 1]
     means: torch.Tensor | None = None  # (B, T, ...) when requested (ratio normalisation, diagnostics)
-    extras: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.latents.shape[0])
@@ -484,7 +483,7 @@ class Trajectory:
             self.latents[idx_t], self.log_probs[idx_t], self.sde_mask, self.schedule, self.embeds.index(idx_t),
             self.prompt_ids[idx_t], self.sample_ids[idx_t],
             None if self.images is None else self.images[idx_t],
-            None if self.means is None else self.means[idx_t], dict(self.extras),
+            None if self.means is None else self.means[idx_t],
         )
 
 

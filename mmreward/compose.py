@@ -9,8 +9,9 @@ from typing import Any, Literal
 import torch
 
 from mmreward.errors import ConfigError, RewardInputError, RewardValueError
-from mmreward.functional.aggregation import log_tame, pair_outcomes, win_rates
+from mmreward.functional.aggregation import bradley_terry_prob, log_tame
 from mmreward.functional.normalization import RunningMoments
+from mmreward.functional.pairwise import agreement_rate, debias, group_pairs, group_win_rates_from_probs
 from mmreward.types import Prompts, Reward, RewardOutput, normalize_prompts
 
 
@@ -169,8 +170,12 @@ def group_win_rates(
 ) -> WinRateOutput:
     """Win rate of each item against the other G-1 items of its group (consecutive blocks of `group_size`).
 
-    Every unordered pair is judged once in one batched `compare` call (twice, in both orders, when
-    both_orders=True: P(i > j) is then the mean of P(i > j | i first) and 1 - P(j > i | j first)).
+    Every unordered pair is judged in one batched `compare` call. With both_orders=True the pair is also
+    judged in the swapped order and P(i > j) is debiased (mmreward.functional.pairwise.debias; a pair that
+    failed in one order keeps the other order's verdict) -- unless the reward already does that itself
+    (`reward.compare_debiased`), in which case each pair is asked once and the reward's own per-pair
+    agreement is reported. A reward on the base class's Bradley-Terry `compare` is scored once per item:
+    its P(j > i) = 1 - P(i > j) exactly, so neither a second order nor per-pair scoring adds anything.
     Failed judgements (NaN) and exact ties count 0.5 and are reported.
     """
     batch = reward.prepare(media, value_range)
@@ -183,10 +188,7 @@ def group_win_rates(
         )
     prompt_list = normalize_prompts(prompts, n, required=reward.requires_prompt)
     num_groups = n // group_size
-    ii, jj = torch.triu_indices(group_size, group_size, offset=1)
-    offsets = torch.arange(num_groups).repeat_interleave(len(ii)) * group_size
-    a_idx = (ii.repeat(num_groups) + offsets).tolist()
-    b_idx = (jj.repeat(num_groups) + offsets).tolist()
+    a_idx, b_idx = group_pairs(group_size, num_groups)
     for g in range(num_groups):
         group_prompts = set(prompt_list[g * group_size : (g + 1) * group_size])
         if len(group_prompts) != 1:
@@ -196,23 +198,25 @@ def group_win_rates(
         return batch[idx] if isinstance(batch, torch.Tensor) else [batch[i] for i in idx]
 
     pair_prompts = [prompt_list[i] for i in a_idx]
-    p_ab = reward.compare(pair_prompts, pick(a_idx), pick(b_idx)).prob_a.float().cpu()
     agreement = None
-    if both_orders:
-        p_ba = reward.compare(pair_prompts, pick(b_idx), pick(a_idx)).prob_a.float().cpu()
-        valid = ~(torch.isnan(p_ab) | torch.isnan(p_ba))
-        agree = ((p_ab > 0.5) == (p_ba < 0.5)) & valid
-        agreement = float(agree.sum() / valid.sum()) if valid.any() else float("nan")
-        prob = torch.where(torch.isnan(p_ab), 1 - p_ba, torch.where(torch.isnan(p_ba), p_ab, (p_ab + 1 - p_ba) / 2))
+    if type(reward).compare is Reward.compare:
+        scores = reward.score(prompt_list, batch).scores.float().cpu()
+        prob = bradley_terry_prob(scores[a_idx], scores[b_idx], reward.compare_temperature, reward.higher_is_better)
+        if both_orders:  # what asking the swapped order would measure: the same winner on every valid pair
+            agreement = 1.0 if bool((~torch.isnan(prob)).any()) else float("nan")
+    elif reward.compare_debiased:
+        out = reward.compare(pair_prompts, pick(a_idx), pick(b_idx))
+        prob = out.prob_a.float().cpu()
+        if out.details and "agreement" in out.details:
+            agreement = agreement_rate(out.details["agreement"].float().cpu())
     else:
-        prob = p_ab
-    credit_ab = pair_outcomes(prob, mode)
-    credit = torch.zeros(n, n)
-    credit[a_idx, b_idx] = credit_ab
-    credit[b_idx, a_idx] = 1 - credit_ab
-    rates = torch.cat([win_rates(credit[s : s + group_size, s : s + group_size]) for s in range(0, n, group_size)])
+        prob = reward.compare(pair_prompts, pick(a_idx), pick(b_idx)).prob_a.float().cpu()
+        if both_orders:
+            p_ba = reward.compare(pair_prompts, pick(b_idx), pick(a_idx)).prob_a.float().cpu()
+            prob, agree = debias(prob, p_ba, one_order_fallback=True)
+            agreement = agreement_rate(agree)
     return WinRateOutput(
-        win_rates=rates,
+        win_rates=group_win_rates_from_probs(prob, group_size, mode),
         num_pairs=len(a_idx),
         num_failed=int(torch.isnan(prob).sum()),
         num_ties=int((prob == 0.5).sum()) if mode == "hard" else 0,

@@ -108,6 +108,9 @@ class Reward(torch.nn.Module):
     differentiable: ClassVar[bool] = False
     requires_prompt: ClassVar[bool] = True
     may_return_nan: ClassVar[bool] = False
+    # True when `compare` already controls position bias (asks both orders itself): group win rates then
+    # ask each pair once instead of paying for the swap twice. A subclass may make it a property.
+    compare_debiased: bool = False
     compare_temperature: float = 1.0
 
     def __init__(self, *, micro_batch_size: int = 32) -> None:

@@ -136,3 +136,52 @@ def test_group_win_rate_errors():
         group_win_rates(Biased(), None, x, group_size=1)
     with pytest.raises(RewardInputError, match="mixes prompts"):
         group_win_rates(mmreward.load("mock"), ["a", "a", "b", "a", "c", "c"], x, group_size=3)
+
+
+class CountingBT(Reward):
+    """Brightness score on the base class's Bradley-Terry `compare`; counts the items it scores."""
+
+    requires_prompt = False
+
+    def __init__(self):
+        super().__init__()
+        self.scored = 0
+
+    def _score(self, prompts, media):
+        self.scored += len(media)
+        return RewardOutput(media.flatten(1).mean(1))
+
+
+def test_group_win_rates_score_a_bradley_terry_reward_once_per_item():
+    levels = torch.tensor([0.2, 0.8, 0.5, 0.1, 0.9, 0.3, 0.6, 0.4])
+    x = levels.view(8, 1, 1, 1).expand(8, 3, 2, 2).contiguous()
+    for both in (True, False):
+        reward = CountingBT()
+        out = group_win_rates(reward, None, x, group_size=4, both_orders=both)
+        assert reward.scored == 8  # not 2 images x 12 pairs (x 2 orders): P(j > i) = 1 - P(i > j) exactly
+        expected = torch.cat([(g[:, None] > g[None, :]).float().sum(1) / 3 for g in levels.view(2, 4)])
+        torch.testing.assert_close(out.win_rates, expected)
+        assert out.num_pairs == 12 and out.agreement == (1.0 if both else None)
+
+
+class TieThenWin(Reward):
+    """Calls a pair a tie when the darker image is shown first and the brighter one the winner (0.9) when it
+    is shown first: the two orders do not name the same winner."""
+
+    requires_prompt = False
+
+    def _score(self, prompts, media):
+        return RewardOutput(media.flatten(1).mean(1))
+
+    def compare(self, prompts, a, b, value_range=None):
+        sa, sb = self.score(prompts, a).scores, self.score(prompts, b).scores
+        return PairwiseOutput(prob_a=torch.where(sa < sb, 0.5, 0.9))
+
+
+def test_both_orders_a_tie_agrees_only_with_a_tie():
+    levels = torch.tensor([0.1, 0.2, 0.3])
+    x = levels.view(3, 1, 1, 1).expand(3, 3, 2, 2).contiguous()
+    out = group_win_rates(TieThenWin(), None, x, group_size=3, both_orders=True)
+    assert out.agreement == 0.0  # a tie in one order and a win in the other is a disagreement
+    # P(darker > brighter) = (0.5 + 1 - 0.9) / 2 = 0.3: the brighter image wins every pair
+    torch.testing.assert_close(out.win_rates, torch.tensor([0.0, 0.5, 1.0]))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 
-from diffusion_rl.inference.shapesworld import held_out_prompts, main
+from diffusion_rl.experiments.shapesworld import held_out_prompts, main
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "shapesworld"
 
@@ -44,9 +44,9 @@ def test_shapesworld_smoke_report(tiny_pipeline_dir, tmp_path, capsys):
 
 
 def test_reserved_prompt_set_is_in_the_training_split_and_reported(tiny_pipeline_dir, tmp_path):
-    from diffusion_rl.inference.shapesworld import reserved_prompts
+    from diffusion_rl.experiments.shapesworld import reserved_prompts
     from mmreward.synthetic import is_held_out, parse_prompt
-    from mmreward.synthetic.generated_pool import reserved_for_evaluation
+    from mmreward.synthetic.build.generated_pool import reserved_for_evaluation
 
     prompts = reserved_prompts(2)
     assert {parse_prompt(p).category for p in prompts} == {"single_object", "two_object", "counting", "colors",

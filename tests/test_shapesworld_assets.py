@@ -28,7 +28,7 @@ def test_assets_are_small():
 def test_clip_loads_and_retrieves_held_out_captions():
     from transformers import AutoTokenizer, CLIPModel
 
-    from mmreward.synthetic.train_clip import retrieval_accuracy
+    from mmreward.synthetic.build.train_clip import retrieval_accuracy
 
     model, tok = CLIPModel.from_pretrained(CLIP_DIR), AutoTokenizer.from_pretrained(CLIP_DIR)
     card = json.loads((CLIP_DIR / "training.json").read_text())["retrieval"]
@@ -48,7 +48,7 @@ def test_clip_loads_and_retrieves_held_out_captions():
 
 
 def test_preference_model_and_aesthetic_head_keep_their_accuracy():
-    from mmreward.synthetic.train_preference import aesthetic_quality, pairwise_accuracy
+    from mmreward.synthetic.build.train_preference import aesthetic_quality, pairwise_accuracy
 
     card = json.loads((PREF_DIR / "training.json").read_text())
     pref = mmreward.load("shapesworld-pref")
@@ -61,7 +61,7 @@ def test_preference_model_and_aesthetic_head_keep_their_accuracy():
 
 def test_generator_loads_and_draws_the_right_shapes():
     from mmreward.synthetic import evaluate_images
-    from mmreward.synthetic.evaluate_generator import generate, load_generator
+    from mmreward.synthetic.build.evaluate_generator import generate, load_generator
 
     torch.manual_seed(0)
     pipe = load_generator(GENERATOR_DIR)
@@ -75,7 +75,7 @@ def test_generator_loads_and_draws_the_right_shapes():
 
 @pytest.mark.slow
 def test_generator_card_numbers_reproduce():
-    from mmreward.synthetic.evaluate_generator import evaluate, load_generator
+    from mmreward.synthetic.build.evaluate_generator import evaluate, load_generator
 
     card = json.loads((GENERATOR_DIR / "metrics.json").read_text())["20"]
     fresh = evaluate(load_generator(GENERATOR_DIR), per_category=24, seed=1)

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from mmreward.errors import ConfigError, RewardInputError
-from mmreward.synthetic import train_clip
-from mmreward.synthetic.generated_pool import GeneratedPool
-from mmreward.synthetic.train_clip import ClipTrainConfig
+from mmreward.synthetic.build import train_clip
+from mmreward.synthetic.build.generated_pool import GeneratedPool
+from mmreward.synthetic.build.train_clip import ClipTrainConfig
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "shapesworld"
 
@@ -94,7 +94,7 @@ def test_clip_trainer_smoke_with_pool_and_negatives(tmp_path):
 
 def test_evaluation_reserve_is_a_third_of_every_training_category_and_never_used_for_training():
     from mmreward.synthetic import caption
-    from mmreward.synthetic.generated_pool import reserved_for_evaluation, reward_training_specs
+    from mmreward.synthetic.build.generated_pool import reserved_for_evaluation, reward_training_specs
     from mmreward.synthetic.scenes import specs_for_split
 
     for cat, specs in specs_for_split("train").items():
@@ -111,8 +111,8 @@ def test_harden_clip_quick_builds_a_loadable_clip_from_unreserved_prompts(tmp_pa
     import json
 
     import mmreward
-    from diffusion_rl.inference import harden_clip
-    from mmreward.synthetic.generated_pool import reserved_for_evaluation
+    from diffusion_rl.experiments import harden_clip
+    from mmreward.synthetic.build.generated_pool import reserved_for_evaluation
 
     out, work = tmp_path / "clip-hardened", tmp_path / "work"
     summary = harden_clip.main(["--quick", "--generator", str(ASSETS / "generator"), "--clip", str(ASSETS / "clip"),
@@ -128,3 +128,27 @@ def test_harden_clip_quick_builds_a_loadable_clip_from_unreserved_prompts(tmp_pa
     images = torch.rand(2, 3, 32, 32)
     scores = reward.score(["a red circle", "two squares"], images).scores
     assert scores.shape == (2,) and torch.isfinite(scores).all()
+
+
+def test_harden_clip_card_reports_the_starting_clip_measured_in_this_build(tmp_path):
+    """The card's baseline is read from the build's own measurement, not a number typed into the script."""
+    import json
+
+    from diffusion_rl.experiments.harden_clip import write_card
+
+    summary = {
+        "start": {"folder": "my/start-clip", "params": 1_230_000,
+                  "retrieval": {"colors": {"top1": 0.2}, "position": {"top1": 0.1}}},
+        "pool": {"samples": 8, "strict": 0.25, "sampling_steps": [2]},
+        "clip_steps": [3, 5],
+        "adversarial_pool": {"strict_by_iteration": {0: 0.5, 1: 0.0}, "prompts": 2, "sampling_steps": 2},
+        "round2": {"colors": {"top1": 0.9, "chance": 0.04}, "position": {"top1": 0.5, "chance": 0.001}},
+        "minutes": 0.1,
+    }
+    write_card(tmp_path, summary)
+    card = (tmp_path / "README.md").read_text()
+    assert "Mean top-1 **0.700**; the starting CLIP on the same scenes: 0.150." in card
+    assert "| colors | 0.900 | 0.200 | 0.040 |" in card and "| position | 0.500 | 0.100 | 0.001 |" in card
+    assert "1.23M-parameter CLIP of `my/start-clip`" in card and "8 generator samples (2 steps)" in card
+    assert "0.372" not in card and "0.32M" not in card
+    assert json.loads((tmp_path / "hardening.json").read_text())["start"]["retrieval"]["colors"]["top1"] == 0.2

@@ -10,8 +10,8 @@ import torch
 
 import mmreward
 from mmreward.synthetic import caption, sample_scenes
+from mmreward.synthetic.build.corruptions import corrupt_scene, degrade
 from mmreward.synthetic.checker import check, scene_detections
-from mmreward.synthetic.corruptions import corrupt_scene, degrade
 from mmreward.synthetic.identity_vae import build_identity_vae
 from mmreward.synthetic.scenes import render, specs_for_split
 from mmreward.synthetic.tokenizer import build_shapes_tokenizer, shapes_words
@@ -60,7 +60,7 @@ def test_training_interpolation_matches_the_scheduler():
 def test_generator_trainer_smoke_saves_loads_and_resumes(tmp_path):
     from diffusers import DiffusionPipeline
 
-    from mmreward.synthetic.train_generator import GENERATION_DEFAULTS, main
+    from mmreward.synthetic.build.train_generator import GENERATION_DEFAULTS, main
 
     args = ["--out", str(tmp_path / "gen"), "--work", str(tmp_path / "work"), "--batch-size", "2",
             "--width", "64", "--layers", "1", "--warmup", "1", "--ckpt-every", "1", "--export-every", "2"]
@@ -84,7 +84,7 @@ def test_generator_trainer_smoke_saves_loads_and_resumes(tmp_path):
 
 def test_generator_config_rejects_a_rank_deficient_output():
     from mmreward.errors import ConfigError
-    from mmreward.synthetic.train_generator import GeneratorTrainConfig
+    from mmreward.synthetic.build.train_generator import GeneratorTrainConfig
 
     with pytest.raises(ConfigError, match="3 \\* patch\\^2 = 192"):
         GeneratorTrainConfig(patch=8, width=128)
@@ -93,7 +93,7 @@ def test_generator_config_rejects_a_rank_deficient_output():
 def test_clip_trainer_smoke(tmp_path):
     from transformers import AutoTokenizer, CLIPModel
 
-    from mmreward.synthetic.train_clip import main
+    from mmreward.synthetic.build.train_clip import main
 
     metrics = main(["--out", str(tmp_path), "--steps", "2", "--batch-size", "8", "--eval-images", "4"])
     assert set(metrics) == set(specs_for_split("heldout"))
@@ -125,7 +125,7 @@ def test_random_weight_rewards_are_differentiable(name):
 
 @pytest.mark.slow
 def test_build_assets_quick_end_to_end(tmp_path):
-    from mmreward.synthetic.build_assets import main
+    from mmreward.synthetic.build.build_assets import main
 
     timings = main(["--quick", "--root", str(tmp_path / "assets"), "--work", str(tmp_path / "work")])
     assert set(timings) == {"clip", "generator", "pref"}

@@ -222,3 +222,79 @@ def test_judge_over_openai_backend_end_to_end():
     assert len(srv.requests) == 6 and all(r[2]["model"] == "served-judge" for r in srv.requests)
     with pytest.raises(mmreward.RewardInputError, match="base_url"):
         mmreward.load("unifiedreward", backend="openai", checkpoint="x")
+
+
+# ---------------------------------------------------------------------------------------------- Pref-GRPO cost
+class BrightnessJudgeServer(LoopbackChatServer):
+    """Prefers the brighter image, with a first-position bonus of `bias` grey levels; records every verdict
+    as (prompt, level shown first, level shown second, 1.0 if the first won else 0.0)."""
+
+    def __init__(self, bias=40):
+        self.bias, self.verdicts = bias, []
+        super().__init__()
+
+    def reply(self, body, n_seen):
+        from PIL import Image
+
+        content = body["messages"][0]["content"]
+        urls = [c["image_url"]["url"] for c in content if c["type"] == "image_url"]
+        first, second = (Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))).getpixel((0, 0))[0]
+                         for u in urls)
+        text = next(c["text"] for c in content if c["type"] == "text")
+        won = first + self.bias > second
+        self.verdicts.append((text, first, second, 1.0 if won else 0.0))
+        answer = f"<answer>Image {1 if won else 2} is better</answer>"
+        return 200, {"choices": [{"message": {"role": "assistant", "content": answer}}] * body.get("n", 1)}
+
+
+@pytest.mark.parametrize("group_size", [4, 8])
+@pytest.mark.parametrize("both_orders", [True, False])
+def test_pref_grpo_with_a_pairwise_judge_asks_each_ordered_pair_once(group_size, both_orders):
+    """Pref-GRPO's advantage path with a served judge: G(G-1) judge requests per group with both orders
+    (the judge's own swap; group win rates do not swap again), G(G-1)/2 with one; win rates from the
+    per-order verdicts by hand."""
+    from types import SimpleNamespace
+
+    import mmreward
+    from diffusion_rl.algorithms.pref_grpo import PrefGRPO
+    from diffusion_rl.config import from_dict
+
+    G, prompts = group_size, ["a red circle", "two blue squares"]
+    g = torch.Generator().manual_seed(group_size)
+    levels = [torch.randperm(200, generator=g)[:G] + 30 for _ in prompts]  # distinct grey levels per group
+    images = torch.cat([lv.float().div(255).view(G, 1, 1, 1).expand(G, 3, 8, 8) for lv in levels])
+    cfg = from_dict({"preset": "pref_grpo", "sample": {"group_size": G}, "reward": {"both_orders": both_orders}})
+    batch = SimpleNamespace(prompts=[p for p in prompts for _ in range(G)], images=images,
+                            slots=torch.arange(len(prompts)).repeat_interleave(G))
+    with BrightnessJudgeServer() as srv:
+        judge = mmreward.load("unifiedreward-think", backend="openai", base_url=srv.url, checkpoint="j",
+                              debias=both_orders)
+        adv, metrics = PrefGRPO().advantages(SimpleNamespace(cfg=cfg, pairwise_reward=judge), batch)
+
+    expected_adv, agree = [], []
+    for prompt, lv in zip(prompts, levels):
+        asked = {(f, s): v for text, f, s, v in srv.verdicts if prompt in text}
+        per_group = sum(prompt in text for text, *_ in srv.verdicts)
+        assert per_group == (G * (G - 1) if both_orders else G * (G - 1) // 2)
+        lv = lv.tolist()
+        credit = torch.zeros(G, G)
+        for i in range(G):
+            for j in range(i + 1, G):
+                v_ij = asked[(lv[i], lv[j])]  # the pair is shown in group order: i first
+                if both_orders:
+                    v_ji = asked[(lv[j], lv[i])]
+                    p = (v_ij + 1 - v_ji) / 2
+                    agree.append(float(v_ij != v_ji))  # binary verdicts: same winner iff the first-shown differs
+                else:
+                    p = v_ij
+                credit[i, j] = 1.0 if p > 0.5 else 0.0 if p < 0.5 else 0.5
+                credit[j, i] = 1 - credit[i, j]
+        win = credit.sum(1) / (G - 1)
+        expected_adv.append((win - win.mean()) / (win.std() + 1e-8))
+    torch.testing.assert_close(adv, torch.cat(expected_adv).clamp(-5, 5), rtol=1e-5, atol=1e-6)
+    if both_orders:
+        assert 0 < sum(agree) < len(agree)  # the bias flips some close pairs: the swap matters here
+        assert metrics["pref/order_agreement"] == pytest.approx(sum(agree) / len(agree))
+        assert metrics["pref/ties"] == len(agree) - sum(agree)
+    else:
+        assert "pref/order_agreement" not in metrics

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mmreward.errors import ConfigError
-from mmreward.synthetic import train_clip
-from mmreward.synthetic.train_clip import ClipTrainConfig, region_caption, region_scenes
+from mmreward.synthetic.build import train_clip
+from mmreward.synthetic.build.train_clip import ClipTrainConfig, region_caption, region_scenes
 
 CLIP_REGIONS = Path(__file__).resolve().parents[1] / "assets" / "shapesworld" / "clip-regions"
 
@@ -92,7 +92,7 @@ def test_region_ppo_on_clip_regions_beats_random_twice(tmp_path):
 def test_build_assets_clip_regions_target_starts_from_the_clip(tmp_path):
     from safetensors.torch import load_file
 
-    from mmreward.synthetic.build_assets import main
+    from mmreward.synthetic.build.build_assets import main
 
     root = tmp_path / "assets"
     assert set(main(["--quick", "--only", "clip", "--root", str(root), "--threads", "1"])) == {"clip"}

@@ -1,4 +1,4 @@
-"""Pairwise probabilities, group win rates and multi-reward aggregation."""
+"""Bradley-Terry probabilities and multi-reward aggregation (pairwise credits and win rates: pairwise.py)."""
 
 from __future__ import annotations
 
@@ -23,35 +23,6 @@ def bradley_terry_prob(
         raise RewardInputError(f"temperature must be > 0, got {temperature}")
     diff = (score_a - score_b) if higher_is_better else (score_b - score_a)
     return torch.sigmoid(diff / temperature)
-
-
-def pair_outcomes(prob_a: torch.Tensor, mode: Literal["hard", "soft"] = "hard") -> torch.Tensor:
-    """Turn P(a better) into the credit a receives: hard wins (1, 0, 0.5 on an exact tie) or the probability.
-
-    NaN (a failed judgement) becomes 0.5 in both modes; callers report how many there were.
-    """
-    if mode == "soft":
-        out = prob_a.clone()
-    elif mode == "hard":
-        out = torch.where(prob_a > 0.5, 1.0, torch.where(prob_a < 0.5, 0.0, 0.5)).to(prob_a.dtype)
-    else:
-        raise RewardInputError(f"mode must be 'hard' or 'soft', got {mode!r}")
-    return torch.where(torch.isnan(prob_a), torch.full_like(out, 0.5), out)
-
-
-def win_rates(credit: torch.Tensor) -> torch.Tensor:
-    """Mean credit of each candidate against all others.
-
-    `credit[i, j]` is what i earns against j (diagonal ignored), with credit[j, i] = 1 - credit[i, j].
-    Returns a (G,) tensor; Pref-GRPO uses it as the reward of each image in a group of G.
-    """
-    if credit.ndim != 2 or credit.shape[0] != credit.shape[1]:
-        raise RewardInputError(f"credit must be a square (G, G) matrix, got shape {tuple(credit.shape)}")
-    g = credit.shape[0]
-    if g < 2:
-        raise RewardInputError(f"win rates need a group of at least 2 candidates, got {g}")
-    off_diag = ~torch.eye(g, dtype=torch.bool, device=credit.device)
-    return (credit * off_diag).sum(dim=1) / (g - 1)
 
 
 def coefficient_of_variation(values: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

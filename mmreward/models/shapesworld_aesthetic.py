@@ -54,7 +54,7 @@ class AestheticHeadReward(Reward):
         self.image_size = vision.config.image_size
 
     def embed(self, media: torch.Tensor) -> torch.Tensor:
-        from mmreward.synthetic.train_clip import normalize_images
+        from mmreward.synthetic.models import normalize_images
 
         emb = self.vision(pixel_values=normalize_images(media, self.image_size)).image_embeds
         return torch.nn.functional.normalize(emb, dim=-1)

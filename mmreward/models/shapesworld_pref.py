@@ -47,7 +47,7 @@ class CLIPPreferenceReward(Reward):
         self.image_size = model.config.vision_config.image_size
 
     def _score(self, prompts, media):
-        from mmreward.synthetic.train_clip import TEXT_LENGTH, normalize_images
+        from mmreward.synthetic.models import TEXT_LENGTH, normalize_images
 
         if isinstance(media, list):
             media = torch.stack([
@@ -69,8 +69,8 @@ def load_clip_folder(checkpoint: str | None, weights: str):
     from transformers import AutoTokenizer, CLIPModel
 
     if weights == "random":
+        from mmreward.synthetic.models import build_clip
         from mmreward.synthetic.tokenizer import build_shapes_tokenizer
-        from mmreward.synthetic.train_clip import build_clip
 
         tok = build_shapes_tokenizer(tempfile.mkdtemp(prefix="shapes_tok_"))
         return build_clip(len(tok)), tok

@@ -1,7 +1,7 @@
 """Generative VLM judges: the UnifiedReward family and VideoScore2, in-process or on a served model.
 
 A judge writes its verdict; we parse it. `score` uses the family's pointwise template, `compare` its
-pairwise template asked in both orders (position-bias control, see `mmreward.judges.debias`), and
+pairwise template asked in both orders (position-bias control, see `mmreward.functional.pairwise`), and
 `group_win_rates` turns pairwise verdicts into Pref-GRPO's per-candidate win rates. VideoScore2 has no
 pairwise prompt, so its `compare` is Bradley-Terry on the two pointwise scores.
 
@@ -465,7 +465,7 @@ class VLMJudge(Reward):
             self.last_agreement_rate = float("nan")
             return super().compare(prompts, a, b)
         prompt_list = normalize_prompts(prompts, len(a), required=self.requires_prompt)
-        from mmreward.judges.debias import agreement_rate, debias
+        from mmreward.functional.pairwise import agreement_rate, debias
 
         with torch.inference_mode():
             v_ab, fail_ab, texts = self._first_better(prompt_list, list(a), list(b))
@@ -480,19 +480,18 @@ class VLMJudge(Reward):
                    "parse_failed": ((fail_ab + fail_ba) / 2).clone()}
         return PairwiseOutput(prob_a=prob.clone(), details=details, rationales=texts)
 
-    def group_win_rates(self, prompt: str, group) -> torch.Tensor:
-        """Pref-GRPO rewards: each candidate's mean credit against every other one (hard wins, NaN -> 0.5)."""
-        from mmreward.functional.aggregation import pair_outcomes, win_rates
+    @property
+    def compare_debiased(self) -> bool:
+        """`compare` asks both orders itself (debias=True), so group win rates need not swap again."""
+        return self.debias
+
+    def group_win_rates(self, prompt: str, group, *, mode: str = "hard") -> torch.Tensor:
+        """Pref-GRPO rewards for one group: each candidate's mean credit against every other one (hard wins,
+        NaN -> 0.5), each pair judged once through `compare` (mmreward.compose.group_win_rates)."""
+        from mmreward.compose import group_win_rates
 
         media = self.prepare(group)
-        g = len(media)
-        ii, jj = torch.triu_indices(g, g, offset=1)
-        out = self.compare(prompt, [media[i] for i in ii.tolist()], [media[j] for j in jj.tolist()])
-        credit = torch.full((g, g), 0.5)
-        won = pair_outcomes(out.prob_a, "hard")
-        credit[ii, jj] = won
-        credit[jj, ii] = 1.0 - won
-        return win_rates(credit)
+        return group_win_rates(self, [prompt] * len(media), media, len(media), both_orders=False, mode=mode).win_rates
 
 
 # ----------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def load_reward(args: argparse.Namespace, goal: str, baseline: str):
     else:
         if not Path(args.clip).exists():
             raise SystemExit(f"--clip: no CLIP checkpoint at {args.clip}; build it with "
-                             "`python -m mmreward.synthetic.build_assets --only clip` or copy it there")
+                             "`python -m mmreward.synthetic.build.build_assets --only clip` or copy it there")
         embedder = clip_embedder("clipscore", checkpoint=args.clip, resize_backend="torch")
     return VLMRMReward(embedder, goal, baseline, alpha=0.0)
 

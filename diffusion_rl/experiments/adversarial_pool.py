@@ -1,12 +1,12 @@
 """ReNO iterates on training prompts, labelled by the ShapesEval checker: data to harden a CLIP reward.
 
-    python -m diffusion_rl.inference.adversarial_pool --clip runs/clip_gen --prompts 256 --out runs/adv_pool.pt
+    python -m diffusion_rl.experiments.adversarial_pool --clip runs/clip_gen --prompts 256 --out runs/adv_pool.pt
 
 Noise optimisation against a small CLIP finds images the CLIP likes and the checker rejects (jagged,
 speckled shapes). Training the CLIP on those iterates, with the checker's verdict, is one round of the
 usual fix for reward hacking: collect what the policy exploits, label it, retrain the reward model
 (as in iterated RLHF). Only training-split prompts outside the evaluation reserve are used. The file has the GeneratedPool format
-(mmreward.synthetic.generated_pool), so `train_clip --generated a.pt,b.pt` takes it.
+(mmreward.synthetic.build.generated_pool), so `train_clip --generated a.pt,b.pt` takes it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def build_adversarial_pool(
     from diffusion_rl.inference.reno import RenoConfig, reno
     from mmreward.errors import ConfigError
     from mmreward.synthetic import caption, evaluate_images
-    from mmreward.synthetic.generated_pool import reward_training_specs
+    from mmreward.synthetic.build.generated_pool import reward_training_specs
 
     reno_config = reno_config or RenoConfig(keep_all_images=True)
     if not reno_config.keep_all_images:
@@ -59,8 +59,8 @@ def build_adversarial_pool(
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    from diffusion_rl.experiments.shapesworld import load_generator_and_objective
     from diffusion_rl.inference.reno import RenoConfig
-    from diffusion_rl.inference.shapesworld import load_generator_and_objective
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--generator", default="assets/shapesworld/generator")

@@ -1,9 +1,9 @@
 """Rebuild every ShapesWorld asset from scratch, deterministically (fixed seeds, seeded data per step).
 
-    python -m mmreward.synthetic.build_assets                 # clip, generator, pref + aesthetic, cards
-    python -m mmreward.synthetic.build_assets --only clip     # one asset
-    python -m mmreward.synthetic.build_assets --only clip-regions   # CLIP + absolute regions (not in "all")
-    python -m mmreward.synthetic.build_assets --quick --root /tmp/sw   # a 1-minute smoke build
+    python -m mmreward.synthetic.build.build_assets                 # clip, generator, pref + aesthetic, cards
+    python -m mmreward.synthetic.build.build_assets --only clip     # one asset
+    python -m mmreward.synthetic.build.build_assets --only clip-regions   # CLIP + absolute regions (not in "all")
+    python -m mmreward.synthetic.build.build_assets --quick --root /tmp/sw   # a 1-minute smoke build
 
 Order: the CLIP first (the preference model and aesthetic head start from it), then the generator
 (the long job: it checkpoints to build/shapesworld/ and resumes if interrupted), then measurement and
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from mmreward.synthetic import evaluate_generator, train_clip, train_generator, train_preference
+from mmreward.synthetic.build import evaluate_generator, train_clip, train_generator, train_preference
 
 STEPS = {"clip": 300, "generator": 4500, "pref": 150}
 QUICK = {"clip": 3, "generator": 3, "pref": 2}

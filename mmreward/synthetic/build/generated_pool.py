@@ -1,6 +1,6 @@
 """Generator samples on training-split prompts, labelled by the exact ShapesEval checker.
 
-    python -m mmreward.synthetic.generated_pool --generator assets/shapesworld/generator \\
+    python -m mmreward.synthetic.build.generated_pool --generator assets/shapesworld/generator \\
         --prompts 400 --per-prompt 8 --steps 4 20 --out runs/pool.pt
 
 A CLIP trained only on clean renders cannot tell which of a generator's blobby samples the checker
@@ -84,7 +84,7 @@ class GeneratedPool:
     def load(cls, path: str | Path) -> GeneratedPool:
         if not Path(path).is_file():
             raise ConfigError(f"generated pool {str(path)!r} does not exist; build it with "
-                              "`python -m mmreward.synthetic.generated_pool --out PATH`")
+                              "`python -m mmreward.synthetic.build.generated_pool --out PATH`")
         d = torch.load(path, map_location="cpu", weights_only=True)
         return cls(d["images"], list(d["prompts"]), d["strict"], d["partial"])
 
@@ -129,9 +129,9 @@ def build_pool(
     from diffusers.utils import logging as diffusers_logging
     from tqdm.auto import tqdm
 
+    from mmreward.synthetic.build.evaluate_generator import generate, load_generator
     from mmreward.synthetic.captions import caption
     from mmreward.synthetic.checker import check, detect
-    from mmreward.synthetic.evaluate_generator import generate, load_generator
 
     if n_prompts < 1 or per_prompt < 1 or not steps:
         raise ConfigError(f"need n_prompts >= 1, per_prompt >= 1 and some steps, got {n_prompts}, {per_prompt}, {steps}")

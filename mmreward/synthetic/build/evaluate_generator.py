@@ -1,6 +1,6 @@
 """Measure a ShapesWorld text-to-image pipeline with ShapesEval on held-out prompts.
 
-    python -m mmreward.synthetic.evaluate_generator assets/shapesworld/generator --per-category 48
+    python -m mmreward.synthetic.build.evaluate_generator assets/shapesworld/generator --per-category 48
 
 For each GenEval category, `per_category` held-out prompts (single_object has none held out, so its
 prompts come from the full list) are generated with GENERATION_DEFAULTS and checked; "shape" is the
@@ -34,7 +34,7 @@ def load_generator(folder: str | Path):
 @torch.no_grad()
 def generate(pipe, prompts: list[str], seed: int = 0, batch_size: int = 64, **overrides) -> torch.Tensor:
     """Images in [0, 1], (B, 3, H, W), with the generation defaults the model was trained for."""
-    from mmreward.synthetic.train_generator import GENERATION_DEFAULTS
+    from mmreward.synthetic.build.train_generator import GENERATION_DEFAULTS
 
     kwargs = {**GENERATION_DEFAULTS, **overrides}
     out = []
@@ -120,7 +120,7 @@ for T5, and the model was trained with 4.
 Training: rectified flow (SD3 loss, logit-normal noise levels), {meta['trained_steps']} steps of
 {cfg['batch_size']} freshly rendered training-split scenes, AdamW lr {cfg['lr']}, 10% empty prompts for
 guidance, EMA {cfg['ema']}; {meta['train_minutes']} min on 2 shared CPU threads.
-Rebuild: `python -m mmreward.synthetic.build_assets --only generator`.
+Rebuild: `python -m mmreward.synthetic.build.build_assets --only generator`.
 
 ## Measured on held-out prompts (ShapesEval; single_object uses all 4 prompts)
 

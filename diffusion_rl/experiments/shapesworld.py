@@ -1,6 +1,6 @@
 """ReNO and best-of-N on ShapesWorld: the CLIP reward they optimise, and the exact checker they should move.
 
-    python -m diffusion_rl.inference.shapesworld --clip assets/shapesworld/clip-hardened --views 4 \
+    python -m diffusion_rl.experiments.shapesworld --clip assets/shapesworld/clip-hardened --views 4 \
         --prompt-set reserved --prompts-per-category 6 --seeds 4 --output runs/reno_shapes
 
 For the prompts of a set (`reserved`: training-split prompts that no reward-hardening data used, every
@@ -44,9 +44,9 @@ def held_out_prompts(per_category: int, categories: Sequence[str] | None = None)
 
 def reserved_prompts(per_category: int, categories: Sequence[str] | None = None) -> list[str]:
     """Up to `per_category` training-split prompts per category from the evaluation reserve: prompts that no
-    reward-hardening data used (mmreward.synthetic.generated_pool.reserved_for_evaluation)."""
+    reward-hardening data used (mmreward.synthetic.build.generated_pool.reserved_for_evaluation)."""
     from mmreward.synthetic import caption
-    from mmreward.synthetic.generated_pool import reserved_for_evaluation
+    from mmreward.synthetic.build.generated_pool import reserved_for_evaluation
     from mmreward.synthetic.scenes import specs_for_split
 
     out = []
@@ -207,7 +207,7 @@ def load_generator_and_objective(
 def main(argv: Sequence[str] | None = None) -> int:
     from diffusion_rl.inference.reno import RenoConfig
 
-    p = argparse.ArgumentParser(prog="python -m diffusion_rl.inference.shapesworld", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m diffusion_rl.experiments.shapesworld", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generator", default="assets/shapesworld/generator", help="diffusers pipeline folder")
     p.add_argument("--clip", default="assets/shapesworld/clip", help="CLIP folder for mmreward.load('clipscore', ...)")

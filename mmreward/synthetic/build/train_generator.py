@@ -1,6 +1,6 @@
 """Train the tiny ShapesWorld text-to-image flow model as a standard diffusers StableDiffusion3Pipeline.
 
-    python -m mmreward.synthetic.train_generator --out assets/shapesworld/generator --steps 4000
+    python -m mmreward.synthetic.build.train_generator --out assets/shapesworld/generator --steps 4000
 
 Components (all stock diffusers / transformers classes, saved with `pipe.save_pretrained`):
 - transformer: a small SD3Transformer2DModel on 32x32 RGB pixels (patch 4, so 64 image tokens; the

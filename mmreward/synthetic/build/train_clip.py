@@ -1,7 +1,7 @@
 """Train the tiny ShapesWorld CLIP contrastively and save it as a transformers CLIPModel folder.
 
-    python -m mmreward.synthetic.train_clip --out assets/shapesworld/clip --steps 600
-    python -m mmreward.synthetic.train_clip --out assets/shapesworld/clip-regions \
+    python -m mmreward.synthetic.build.train_clip --out assets/shapesworld/clip --steps 600
+    python -m mmreward.synthetic.build.train_clip --out assets/shapesworld/clip-regions \
         --init assets/shapesworld/clip --region-fraction 0.5 --steps 600 --warmup 20   # + quadrants
 
 Images are rendered on the fly from training-split prompts (half of them phrased "a photo of ...").
@@ -32,11 +32,8 @@ import torch.nn.functional as F
 from mmreward.errors import ConfigError
 from mmreward.synthetic.captions import caption, photo_phrasing
 from mmreward.synthetic.checker import check, scene_detections
+from mmreward.synthetic.models import CLIP_MEAN, CLIP_STD, TEXT_LENGTH, build_clip, normalize_images
 from mmreward.synthetic.scenes import sample_scenes, specs_for_split
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-TEXT_LENGTH = 24  # longest ShapesWorld prompt is ~14 tokens; the model keeps 77 positions for other users
 
 
 @dataclass
@@ -57,7 +54,7 @@ class ClipTrainConfig:
     # swapped positions) as an extra image: a hard negative in the text->image direction only
     hard_negatives: float = 0.0
     degrade: float = 0.0  # max level of pixel damage (blur/noise/contrast/holes) applied to every image
-    # GeneratedPool files, comma-separated (mmreward.synthetic.generated_pool): each batch adds `generated_groups` prompts with
+    # GeneratedPool files, comma-separated (mmreward.synthetic.build.generated_pool): each batch adds `generated_groups` prompts with
     # one generator sample the checker accepts (a positive pair) and one it rejects (a hard negative image)
     generated: str = ""
     generated_groups: int = 8
@@ -70,40 +67,13 @@ class ClipTrainConfig:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.init and not Path(self.init).is_dir():
             raise ConfigError(f"init: expected a CLIP folder, got {self.init!r} (not a directory); "
-                              "build it with `python -m mmreward.synthetic.build_assets --only clip`")
+                              "build it with `python -m mmreward.synthetic.build.build_assets --only clip`")
         for path in filter(None, self.generated.split(",")):
             if not Path(path).is_file():
                 raise ConfigError(f"generated: {path!r} is not a file; build it with "
-                                  "`python -m mmreward.synthetic.generated_pool --out PATH`")
+                                  "`python -m mmreward.synthetic.build.generated_pool --out PATH`")
         if self.image_size not in (32, 64):
             raise ConfigError(f"image_size must be 32 or 64, got {self.image_size}")
-
-
-def build_clip(vocab_size: int, image_size: int = 32):
-    from transformers import CLIPConfig, CLIPModel
-
-    config = CLIPConfig(
-        text_config=dict(
-            vocab_size=vocab_size, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=4, max_position_embeddings=77,
-            bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1,
-        ),
-        vision_config=dict(
-            image_size=image_size, patch_size=4 * image_size // 32, hidden_size=64, intermediate_size=256,
-            num_hidden_layers=3, num_attention_heads=4,
-        ),
-        projection_dim=64,
-    )
-    return CLIPModel(config)
-
-
-def normalize_images(images: torch.Tensor, size: int) -> torch.Tensor:
-    """CLIP preprocessing on a [0, 1] batch: bicubic resize to the model size, then mean/std."""
-    if images.shape[-1] != size:
-        images = F.interpolate(images, size=(size, size), mode="bicubic", align_corners=False, antialias=True)
-    mean = torch.tensor(CLIP_MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD, device=images.device).view(1, 3, 1, 1)
-    return (images - mean) / std
 
 
 def contrastive_loss(logits_per_text: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -187,13 +157,13 @@ def _batch(step: int, cfg: ClipTrainConfig, pool=None):
     same = torch.tensor([[a == b for b in keys] for a in keys], dtype=torch.float32)
     n_hard = round(cfg.hard_negatives * len(scenes))
     if n_hard:
-        from mmreward.synthetic.corruptions import corrupt_scene
+        from mmreward.synthetic.build.corruptions import corrupt_scene
 
         hard_rng = random.Random(f"hard/{cfg.seed}/{step}")
         negatives.insert(0, render([corrupt_scene(s, hard_rng) for s in scenes[:n_hard]], cfg.image_size))
     images = torch.cat([images, *negatives])
     if cfg.degrade > 0:
-        from mmreward.synthetic.corruptions import degrade
+        from mmreward.synthetic.build.corruptions import degrade
 
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
         images = degrade(images, cfg.degrade * torch.rand(images.shape[0], generator=gen), gen)
@@ -282,7 +252,7 @@ def train(cfg: ClipTrainConfig) -> dict:
     )
     pool = None
     if cfg.generated:
-        from mmreward.synthetic.generated_pool import GeneratedPool
+        from mmreward.synthetic.build.generated_pool import GeneratedPool
 
         pool = GeneratedPool.load_many(cfg.generated)
         if not pool.contrast_groups():
@@ -360,7 +330,7 @@ the merges of ShapesWorld's words (736 tokens, see `mmreward/synthetic/tokenizer
 
 Training: {cfg.steps} steps of {cfg.batch_size} freshly rendered training-split scenes, AdamW lr
 {cfg.lr}, multi-positive symmetric InfoNCE; {minutes:.1f} min on 2 CPU threads (shared machine).
-Rebuild: `python -m mmreward.synthetic.build_assets --only {target}`.
+Rebuild: `python -m mmreward.synthetic.build.build_assets --only {target}`.
 {region_text}
 ## Measured: zero-shot top-1 caption retrieval on held-out prompts
 

@@ -1,6 +1,6 @@
 """Train the ShapesWorld preference model and aesthetic head on synthetic preferences.
 
-    python -m mmreward.synthetic.train_preference --clip assets/shapesworld/clip
+    python -m mmreward.synthetic.build.train_preference --clip assets/shapesworld/clip
 
 Preference pairs (prompt, preferred, rejected): the preferred image is a render of the prompt, lightly
 degraded (level <= 0.3); the rejected one is either a render of a corrupted scene (wrong colour or shape,
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from mmreward.errors import ConfigError
+from mmreward.synthetic.build.corruptions import corrupt_scene, degrade
 from mmreward.synthetic.captions import caption
-from mmreward.synthetic.corruptions import corrupt_scene, degrade
 from mmreward.synthetic.scenes import render, sample_scenes
 
 
@@ -148,7 +148,7 @@ synthetic preference pairs: the preferred image renders the prompt (lightly degr
 renders a corrupted scene (wrong colour/shape, missing object, swapped positions) or is degraded more.
 Score = exp(logit_scale) * cosine; `compare` = softmax over a pair. Load with
 `mmreward.load("shapesworld-pref")` or `mmreward.load("<this folder>")`.
-Rebuild: `python -m mmreward.synthetic.build_assets --only pref`.
+Rebuild: `python -m mmreward.synthetic.build.build_assets --only pref`.
 
 ## Measured on {pref['pairs']} held-out-prompt pairs
 - accuracy P(preferred) > 0.5: **{pref['accuracy']:.3f}**
@@ -159,7 +159,7 @@ Rebuild: `python -m mmreward.synthetic.build_assets --only pref`.
 An MLP (64-64-32-1, GELU) on the frozen tiny ShapesWorld CLIP's normalised image embedding, regressing
 10 * (1 - damage) where damage in [0, 1] is blur, noise, washed-out contrast or holes in the shapes
 ({cfg.aesthetic_images} training images, 25% clean). Prompt-free. Load with
-`mmreward.load("shapesworld-aesthetic")`. Rebuild: `python -m mmreward.synthetic.build_assets --only pref`.
+`mmreward.load("shapesworld-aesthetic")`. Rebuild: `python -m mmreward.synthetic.build.build_assets --only pref`.
 
 ## Measured on {aes['images']} held-out images
 - Pearson r (predicted vs true quality): **{aes['pearson_r']:.3f}**

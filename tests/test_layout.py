@@ -1,0 +1,63 @@
+"""The library does not depend on its experiments or on the scripts that build its assets."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# ShapesWorld modules a runtime reward, environment or inference method may import
+SYNTHETIC_RUNTIME = {"captions", "checker", "prompts", "scenes", "tokenizer", "identity_vae", "assets", "models"}
+SYNTHETIC_MODULES = {p.stem for p in (ROOT / "mmreward" / "synthetic").rglob("*.py")} | {"build"}
+OFF_LIMITS = ("mmreward.synthetic.build", "diffusion_rl.experiments")
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def _library_files() -> list[Path]:
+    experiments = ROOT / "diffusion_rl" / "experiments"
+    build = ROOT / "mmreward" / "synthetic" / "build"
+    return [p for pkg in ("mmreward", "diffusion_rl", "vlm_rm") for p in (ROOT / pkg).rglob("*.py")
+            if experiments not in p.parents and build not in p.parents and "demos" not in p.parts]
+
+
+def test_library_modules_import_no_experiment_and_no_asset_training_script():
+    bad = []
+    for path in _library_files():
+        for name in _imports(path):
+            parts = name.split(".")
+            # a name imported from the package ("from mmreward.synthetic import caption") is not a module
+            training_script = (parts[:2] == ["mmreward", "synthetic"] and len(parts) > 2
+                               and parts[2] not in SYNTHETIC_RUNTIME and parts[2] in SYNTHETIC_MODULES)
+            if name.startswith(OFF_LIMITS) or training_script:
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not bad, "library code imports an experiment or an asset-training script:\n" + "\n".join(bad)
+
+
+def test_shapesworld_rewards_load_without_the_training_scripts():
+    code = ("import sys, mmreward\n"
+            "for name in ('shapesworld-pref', 'shapesworld-aesthetic'):\n"
+            "    mmreward.load(name, weights='random')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mmreward.synthetic.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert not [m for m in loaded if m.split(".")[2] not in SYNTHETIC_RUNTIME], loaded
+
+
+def test_studies_run_as_modules_of_the_experiments_package():
+    for name in ("shapesworld", "harden_clip", "adversarial_pool"):
+        out = subprocess.run([sys.executable, "-m", f"diffusion_rl.experiments.{name}", "--help"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert out.returncode == 0 and "usage:" in out.stdout, (name, out.stderr[-1000:])
+    assert not (ROOT / "diffusion_rl" / "inference" / "shapesworld.py").exists()
