@@ -328,7 +328,7 @@ def _cli_cases(pipe: str, tmp: Path) -> dict[str, tuple[list[str], str]]:
                         "--lr must be a finite"),
         "reno nan weight": (["reno", "--pipeline", pipe, "--prompt", "a", "--reward", "mock=nan"], "finite"),
         "best-of-n zero n": (["best-of-n", "--pipeline", pipe, "--prompt", "a", "--reward", "mock=1", "--n", "0"],
-                             "--n must be at least 1"),
+                             "--n must be >= 1"),
         "best-of-n unknown reward": (["best-of-n", "--pipeline", pipe, "--prompt", "a", "--reward", "nope=1"], "nope"),
     }
 

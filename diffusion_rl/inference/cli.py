@@ -144,7 +144,7 @@ def _check_numbers(args) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{flag} must be a finite number, got {value}")
         if name in _AT_LEAST_ONE and value is not None and value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     if getattr(args, "explore", 0) < 0:
         raise ConfigError(f"--explore must be >= 0, got {args.explore}")
 
