@@ -14,6 +14,28 @@ from collections.abc import Sequence
 import yaml
 
 
+def _usage_errors() -> tuple[type[Exception], ...]:
+    from mmreward.errors import (
+        CheckpointError,
+        ConfigError,
+        MissingExtraError,
+        RewardInputError,
+        UnknownRewardError,
+    )
+
+    # what a user fixes in the command or the config: bad values, unknown rewards or reward options,
+    # a model or checkpoint that is not there, a missing optional package
+    return (ConfigError, UnknownRewardError, CheckpointError, RewardInputError, MissingExtraError)
+
+
+USAGE_ERRORS = _usage_errors()
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line (messages quoting YAML or a loader's error can span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffusion-rl", description="Reward fine-tuning of diffusion and flow models")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -47,23 +69,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in inference_cli.COMMANDS:
         return inference_cli.run(args)
     from diffusion_rl.config import load_config
-    from mmreward.errors import MMRewardError
 
     overrides = list(args.overrides)
     if getattr(args, "preset", None):
         overrides.insert(0, f"preset={args.preset}")
     try:
         cfg = load_config(args.config, overrides)
-    except MMRewardError as exc:
-        print(f"diffusion-rl: {exc}", file=sys.stderr)
-        return 2
-    if args.command == "config":
-        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        return 0
-    from diffusion_rl.trainer import Trainer
+        if args.command == "config":
+            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            return 0
+        from diffusion_rl.trainer import Trainer
 
-    trainer = Trainer(cfg)
-    history = trainer.fit()
+        trainer = Trainer(cfg)
+        history = trainer.fit()
+    except USAGE_ERRORS as exc:
+        print(f"diffusion-rl {args.command}: {one_line(exc)}", file=sys.stderr)
+        return 2
     if trainer.accelerator.is_main_process:
         evals = [h for h in history if any(k.startswith("eval/") for k in h)]
         if len(evals) >= 2:

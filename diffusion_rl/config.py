@@ -7,10 +7,15 @@ overrides (`section.field=value`, values parsed as YAML). Unknown keys are error
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import re
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
 
@@ -23,14 +28,107 @@ def _f(default, help: str, **kw):
     return field(default=default, metadata={"help": help}, **kw)
 
 
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        plural = {int: "whole numbers", float: "finite numbers", str: "strings"}
+        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    return {int: "a whole number", float: "a finite number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _check_type(name: str, tp: Any, value: Any) -> Any:
+    """`value` as the annotated type `tp`, or a ConfigError naming the field, the expected type and the fix.
+
+    Strict where a silent conversion would change the run: a count given as a float (8.5, or 1e9 from the
+    command line) is refused rather than truncated, numbers must be finite, and true/false is not a number.
+    Strings holding numbers are accepted for numeric fields because YAML 1.1 reads 1e-4 as a string.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _check_type(name, options[0], value)
+        for option in options:
+            try:
+                return _check_type(name, option, value)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{name} must be {' or '.join(_describe(a) for a in options)}, got {value!r}")
+    if value is None:
+        raise ConfigError(f"{name} must be {_describe(tp)}, got null (an empty value)")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
+        if isinstance(value, float):
+            hint = f"; write {int(value)}" if math.isfinite(value) and value.is_integer() else ""
+            raise ConfigError(f"{name} counts something, so it must be a whole number, got the float {value!r}{hint}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be a whole number, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ConfigError(f"{name} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, got the {type(value).__name__} {value!r}; put it in quotes")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be {_describe(tp)}, got {value!r}")
+        return [_check_type(f"{name}[{i}]", args[0], v) for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name} must be a mapping (key: value), got {value!r}")
+        if not args:
+            return dict(value)
+        return {_check_type(f"{name} key", args[0], k): _check_type(f"{name}.{k}", args[1], v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _validate_types(obj: Any, section: str) -> None:
+    """Coerce every field of a config dataclass to its annotation (in place), or raise a ConfigError."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        setattr(obj, f.name, _check_type(f"{section}.{f.name}", hints[f.name], getattr(obj, f.name)))
+
+
 def _choice(name: str, value: Any, options: Sequence[Any]) -> None:
     if value not in options:
         raise ConfigError(f"{name} must be one of {list(options)}, got {value!r}")
 
 
-def _positive(name: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
+def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _unit(name: str, value: float) -> None:
+    if not 0 <= value < 1:
+        raise ConfigError(f"{name} must be in [0, 1), got {value}")
 
 
 @dataclass
@@ -47,8 +145,13 @@ class ModelConfig:
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
 
     def __post_init__(self) -> None:
+        _validate_types(self, "model")
         _choice("model.dtype", self.dtype, ["float32", "bfloat16", "float16"])
         _positive("model.lora_rank", self.lora_rank)
+        _positive("model.lora_alpha", self.lora_alpha)
+        _positive("model.height", self.height)
+        _positive("model.width", self.width)
+        _positive("model.max_sequence_length", self.max_sequence_length)
 
 
 @dataclass
@@ -68,6 +171,7 @@ class SampleConfig:
     eval_guidance_scale: float | None = _f(None, "CFG scale for evaluation (default: guidance_scale)")
 
     def __post_init__(self) -> None:
+        _validate_types(self, "sample")
         _positive("sample.num_steps", self.num_steps)
         _choice("sample.kernel", self.kernel, ["flow_sde", "dance_sde", "cps", "cps_gaussian", "ddim", "ode"])
         _positive("sample.noise_level", self.noise_level, allow_zero=True)
@@ -75,6 +179,9 @@ class SampleConfig:
         _positive("sample.prompts_per_iteration", self.prompts_per_iteration)
         _positive("sample.group_size", self.group_size)
         _positive("sample.batch_size", self.batch_size)
+        _positive("sample.guidance_scale", self.guidance_scale, allow_zero=True)
+        _positive("sample.eval_num_steps", self.eval_num_steps)
+        _positive("sample.eval_guidance_scale", self.eval_guidance_scale, allow_zero=True)
         if self.sde_window is not None:
             if len(self.sde_window) != 2 or not 0 <= self.sde_window[0] < self.sde_window[1] <= self.num_steps:
                 raise ConfigError(
@@ -98,6 +205,7 @@ class RewardConfig:
     win_mode: str = _f("hard", "Pref-GRPO: 'hard' wins (1/0/0.5) or 'soft' probabilities")
 
     def __post_init__(self) -> None:
+        _validate_types(self, "reward")
         if not self.rewards:
             raise ConfigError("reward.rewards must name at least one reward, e.g. {'pickscore': 1.0}")
         _choice("reward.aggregation", self.aggregation, ["reward", "advantage"])
@@ -118,8 +226,12 @@ class AdvantageConfig:
     min_count: int = _f(16, "DDPO: use batch statistics until a prompt has this many rewards")
 
     def __post_init__(self) -> None:
+        _validate_types(self, "advantage")
         _choice("advantage.std_scope", self.std_scope, ["group", "global", "none"])
         _positive("advantage.eps", self.eps, allow_zero=True)
+        _positive("advantage.clip_max", self.clip_max)
+        _positive("advantage.buffer_size", self.buffer_size)
+        _positive("advantage.min_count", self.min_count)
 
 
 @dataclass
@@ -154,12 +266,22 @@ class TrainConfig:
     backprop_strategy: str = _f("fixed", "draft: 'fixed' K (DRaFT) or K uniform in [1, backprop_steps] per iteration (AlignProp)")
 
     def __post_init__(self) -> None:
+        _validate_types(self, "train")
         _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft"])
         _positive("train.backprop_steps", self.backprop_steps)
         _choice("train.backprop_strategy", self.backprop_strategy, ["fixed", "uniform"])
         _positive("train.iterations", self.iterations, allow_zero=True)
         _positive("train.learning_rate", self.learning_rate)
         _positive("train.clip_range", self.clip_range)
+        _unit("train.adam_beta1", self.adam_beta1)
+        _unit("train.adam_beta2", self.adam_beta2)
+        _positive("train.weight_decay", self.weight_decay, allow_zero=True)
+        _positive("train.adam_eps", self.adam_eps, allow_zero=True)
+        _positive("train.max_grad_norm", self.max_grad_norm)
+        _positive("train.probe_tolerance", self.probe_tolerance)
+        _positive("train.ema_update_every", self.ema_update_every)
+        if self.resume_from is not None and not self.resume_from.strip():
+            raise ConfigError("train.resume_from is empty: give a checkpoint folder, 'latest', or leave it unset")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"train.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         _choice("train.timestep_selection", self.timestep_selection, ["first", "random"])
@@ -180,6 +302,10 @@ class PromptsConfig:
     train: list[str] | str = _f(["a red square", "a blue circle"], "training prompts: a list, or a text file with one per line")
     eval: list[str] | str | None = _f(None, "held-out prompts: a list or a file (None: no evaluation)")
     eval_samples_per_prompt: int = _f(1, "evaluation images per held-out prompt")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "prompts")
+        _positive("prompts.eval_samples_per_prompt", self.eval_samples_per_prompt)
 
     def load(self, which: str) -> list[str]:
         value = getattr(self, which)
@@ -205,6 +331,14 @@ class LogConfig:
     wandb: bool = _f(False, "also log to Weights & Biases (needs wandb)")
     progress: bool = _f(True, "show progress bars")
 
+    def __post_init__(self) -> None:
+        _validate_types(self, "log")
+        if not self.output_dir.strip():
+            raise ConfigError("log.output_dir is empty: give a folder for metrics, grids and checkpoints")
+        for name in ("eval_every", "save_every", "grid_every"):
+            _positive(f"log.{name}", getattr(self, name), allow_zero=True)
+        _positive("log.max_grid_images", self.max_grid_images)
+
 
 @dataclass
 class RunConfig:
@@ -218,6 +352,12 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
+        self.preset = _check_type("preset", str | None, self.preset)
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if f.name != "preset" and not isinstance(section, _SECTION_CLASSES[f.name]):
+                raise ConfigError(f"config section '{f.name}' must be a {_SECTION_CLASSES[f.name].__name__}, "
+                                  f"got {type(section).__name__}")
         algo = self.train.algorithm
         if algo in ("grpo", "pref_grpo") and self.sample.group_size < 2:
             raise ConfigError(
@@ -265,23 +405,10 @@ def _merge(base: dict, update: Mapping) -> dict:
     return out
 
 
-def _coerce(name: str, annotation: Any, value: Any) -> Any:
-    """YAML 1.1 reads 1e-4 as a string; turn strings into numbers for numeric fields, and check bools."""
-    ann = str(annotation)
-    if isinstance(value, str) and ann.split(" | ")[0] in ("float", "int"):
-        try:
-            return float(value) if ann.startswith("float") else int(value)
-        except ValueError:
-            raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    if ann == "bool" and not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
 def from_dict(data: Mapping[str, Any]) -> RunConfig:
     """Build a RunConfig from nested dicts (preset applied first), with errors naming unknown keys."""
     data = dict(data)
-    preset = data.get("preset")
+    preset = _check_type("preset", str | None, data.get("preset"))
     if preset is not None:
         from diffusion_rl.algorithms import PRESETS
 
@@ -300,8 +427,17 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
         bad = set(values) - set(fields)
         if bad:
             raise ConfigError(f"unknown keys in '{name}': {sorted(bad)}; valid keys: {sorted(fields)}")
-        sections[name] = cls(**{k: _coerce(f"{name}.{k}", fields[k].type, v) for k, v in values.items()})
+        sections[name] = cls(**values)
     return RunConfig(preset=preset, **sections)
+
+
+_YAML11_FLOAT_STRING = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(exc, 'problem', None) or type(exc).__name__}{where}"
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
@@ -312,15 +448,20 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.learning_rate=1e-4")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: the key must look like section.key, e.g. train.learning_rate")
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
-        parsed = yaml.safe_load(value)
-        if isinstance(parsed, str):
-            try:
-                parsed = float(parsed)  # YAML 1.1 leaves 1e-4 a string
-            except ValueError:
-                pass
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} sets a key inside {p!r}, which another override set to a value")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(exc)}); "
+                              "quote strings with spaces or brackets") from None
+        if isinstance(parsed, str) and _YAML11_FLOAT_STRING.fullmatch(value.strip()):
+            parsed = float(parsed)  # YAML 1.1 leaves 1e-4 a string; 'nan', 'inf' and names stay strings
         node[parts[-1]] = parsed
     return out
 
@@ -331,9 +472,18 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
-        data = yaml.safe_load(p.read_text()) or {}
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(exc)}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {str(p)!r} cannot be read as text: {exc}") from None
+        if data is None:
+            raise ConfigError(f"config file {str(p)!r} is empty; it needs at least model.pretrained "
+                              "(see `diffusion-rl config` for every key)")
         if not isinstance(data, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+            raise ConfigError(f"config file {str(p)!r}: the top level must be a mapping of sections "
+                              f"(model, sample, ...), got {type(data).__name__}")
     return from_dict(_merge(data, parse_overrides(overrides)))
 
 

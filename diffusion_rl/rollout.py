@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from diffusion_rl.kernels import Kernel, StepResult, ddim_alphas
-from mmreward.errors import ConfigError
+from mmreward.errors import CheckpointError, ConfigError
 
 # ----------------------------------------------------------------------------------------------
 # counter-based noise
@@ -430,11 +430,35 @@ def make_adapter(pipeline, height: int | None = None, width: int | None = None,
     )
 
 
-def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """A diffusers pipeline from a local folder or hub id (official layout), frozen, on `device`."""
+def pipeline_from_pretrained(source: str, what: str = "model.pretrained", **kwargs):
+    """`DiffusionPipeline.from_pretrained` with a typed error that names the setting (`what`) and the fix
+    when the source is empty, missing, not a pipeline folder, or not cached offline."""
+    import os
+    from pathlib import Path
+
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained(pretrained, dtype=dtype)
+    source = str(source).strip()
+    if not source:
+        raise ConfigError(f"{what} is empty: set it to a diffusers pipeline folder (with model_index.json) or a hub id")
+    local = Path(source).expanduser()
+    looks_local = local.is_absolute() or source.startswith(".") or os.sep in source.strip("/").split("/", 1)[-1]
+    if local.is_dir() and not (local / "model_index.json").is_file():
+        raise CheckpointError(f"{what}: {source!r} has no model_index.json, so it is not a diffusers pipeline folder; "
+                              "give the folder written by pipeline.save_pretrained(...)")
+    if not local.exists() and looks_local:
+        raise CheckpointError(f"{what}: {source!r} does not exist; give a diffusers pipeline folder or a hub id")
+    try:
+        return DiffusionPipeline.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:  # hub ids not cached offline, bad repo ids, missing component files
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{what}: cannot load a diffusers pipeline from {source!r} ({reason}); give a local "
+                              "pipeline folder, or a hub id that is in the local cache when offline") from exc
+
+
+def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A diffusers pipeline from a local folder or hub id (official layout), frozen, on `device`."""
+    pipe = pipeline_from_pretrained(pretrained, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer"):
         module = getattr(pipe, name, None)

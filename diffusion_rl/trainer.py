@@ -21,6 +21,9 @@ import contextlib
 import copy
 import json
 import math
+import os
+import re
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -41,7 +44,9 @@ from diffusion_rl.rollout import (
     rollout,
     step_log_prob,
 )
-from mmreward.errors import ConfigError
+from mmreward.errors import CheckpointError, ConfigError
+
+CHECKPOINT_FORMAT = 2  # 1: one pickled trainer_state.pt; 2: safetensors + trainer_state.json
 
 DEFAULT_LORA_TARGETS = {
     "sd": ["to_q", "to_k", "to_v", "to_out.0"],
@@ -131,26 +136,28 @@ class Trainer:
                 f"each process holds {local_groups} groups, not divisible by train.num_minibatches "
                 f"({cfg.train.num_minibatches})"
             )
+        # everything a user can get wrong in the config is checked before the (slow) pipeline load
+        self.train_prompts = cfg.prompts.load("train")
+        if not self.train_prompts:
+            raise ConfigError("prompts.train is empty: give a list of prompts or a text file with one per line")
+        self.eval_prompts = cfg.prompts.load("eval")
+        self.out_dir = Path(cfg.log.output_dir)
+        resume = self._find_resume(cfg.train.resume_from) if cfg.train.resume_from else None
+        self._setup_rewards()
         if pipeline is None:
-            if not cfg.model.pretrained:
+            if not cfg.model.pretrained.strip():
                 raise ConfigError("model.pretrained is empty: set it to a diffusers pipeline folder or hub id")
             pipeline = load_pipeline(cfg.model.pretrained, getattr(torch, cfg.model.dtype), acc.device)
         pipeline.set_progress_bar_config(disable=True)
         self.pipeline = pipeline
         self.adapter = make_adapter(pipeline, cfg.model.height, cfg.model.width, cfg.model.max_sequence_length)
         self.kernel = Kernel(cfg.sample.kernel, cfg.sample.noise_level, cfg.sample.log_prob_reduction)
-        self.train_prompts = cfg.prompts.load("train")
-        if not self.train_prompts:
-            raise ConfigError("prompts.train is empty")
-        self.eval_prompts = cfg.prompts.load("eval")
-        self.out_dir = Path(cfg.log.output_dir)
         if algorithm is None:
             from diffusion_rl.algorithms import ALGORITHMS
 
             algorithm = ALGORITHMS[cfg.train.algorithm]()
         self.algorithm = algorithm
         self._setup_model()
-        self._setup_rewards()
         self._embed_cache: dict[str, PromptEmbeds] = {}
         self.iteration = 0
         self.optimizer_steps = 0
@@ -158,8 +165,9 @@ class Trainer:
         self.iteration_prompts: list[str] = []
         self._probed = False
         self._trackers: list[Any] = []
-        if cfg.train.resume_from:
-            self.load_checkpoint(self._resolve_resume(cfg.train.resume_from))
+        if resume is not None:
+            self._apply_state(*resume)
+            self._rewrite_metrics()
 
     # ------------------------------------------------------------------------------------------
     # setup
@@ -200,7 +208,15 @@ class Trainer:
     def _load_reward(self, name: str):
         import mmreward
 
-        return mmreward.load(name, device=self.accelerator.device, **self.cfg.reward.options.get(name, {}))
+        options = self.cfg.reward.options.get(name, {})
+        try:
+            return mmreward.load(name, device=self.accelerator.device, **options)
+        except TypeError as exc:
+            if "keyword argument" not in str(exc):
+                raise
+            # a loader that does not take one of reward.options: a config error, not a crash
+            raise ConfigError(f"reward.options.{name} = {options}: {exc}; remove the option or check its "
+                              f"spelling in the reward's documentation") from None
 
     def _setup_rewards(self) -> None:
         cfg = self.cfg
@@ -213,12 +229,14 @@ class Trainer:
             self.pairwise_reward = self.rewards.get(name) or self._load_reward(name)
 
     def embeds_for(self, prompts: list[str]) -> PromptEmbeds:
-        """Prompt embeddings, computed once per distinct prompt and cached (the text encoders are frozen)."""
-        missing = [p for p in dict.fromkeys(prompts) if p not in self._embed_cache]
-        if missing:
-            enc = self.adapter.encode(missing)
-            for i, p in enumerate(missing):
-                self._embed_cache[p] = enc.index([i])
+        """Prompt embeddings, computed once per distinct prompt and cached (the text encoders are frozen).
+
+        Each prompt is encoded on its own: a batched encoder's output depends in the last bits on the
+        other rows of its batch, which would make a prompt's embedding depend on the iteration it was
+        first seen in, and a resumed run (empty cache) differ from an uninterrupted one."""
+        for p in dict.fromkeys(prompts):
+            if p not in self._embed_cache:
+                self._embed_cache[p] = self.adapter.encode([p])
         return PromptEmbeds.cat([self._embed_cache[p] for p in prompts])
 
     # ------------------------------------------------------------------------------------------
@@ -518,24 +536,43 @@ class Trainer:
         }
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
-        path = Path(path or self.out_dir / "checkpoints" / f"iter_{self.iteration:06d}")
+        """Write the training state to `path` atomically: into a hidden temporary folder next to it, renamed
+        into place once complete, so a run killed mid-save leaves the previous checkpoint as the latest."""
+        default_root = self.out_dir / "checkpoints"
+        path = Path(path or default_root / f"iter_{self.iteration:06d}")
         state = self.checkpoint_state()
         if self.accelerator.is_main_process:
-            path.mkdir(parents=True, exist_ok=True)
-            torch.save(state, path / "trainer_state.pt")
+            if path.parent == default_root and default_root.is_dir():
+                _remove_stale_temporaries(default_root)
+            write_checkpoint(state, path)
         self.accelerator.wait_for_everyone()
         return path
 
     def load_checkpoint(self, path: str | Path) -> None:
-        state = torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+        """Restore the state saved by `save_checkpoint` (nothing is unpickled: safetensors and JSON)."""
+        self._apply_state(Path(path), read_checkpoint(path))
+
+    def _apply_state(self, path: Path, state: dict[str, Any]) -> None:
         params = dict(self.unwrapped.named_parameters())
         missing = [n for n in state["params"] if n not in params]
         if missing:
             raise ConfigError(f"checkpoint {path} has parameters this model lacks (different LoRA config?): {missing[:3]}")
+        trained = {id(p) for p in self.trainable}
+        absent = [n for n, p in params.items() if id(p) in trained and n not in state["params"]]
+        if absent:
+            raise ConfigError(f"checkpoint {path} lacks trained parameters of this model (different LoRA config?): "
+                              f"{absent[:3]}")
+        for n, v in state["params"].items():
+            if tuple(v.shape) != tuple(params[n].shape):
+                raise ConfigError(f"checkpoint {path}: parameter {n} has shape {tuple(v.shape)}, this model's is "
+                                  f"{tuple(params[n].shape)} (different model or model.lora_rank?)")
         with torch.no_grad():
             for n, v in state["params"].items():
                 params[n].copy_(v.to(params[n].device, params[n].dtype))
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {path}: the optimizer state does not fit this model ({exc})") from None
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])
         if state.get("algorithm") is not None and hasattr(self.algorithm, "load_state_dict"):
@@ -544,13 +581,36 @@ class Trainer:
         self.optimizer_steps = state["optimizer_steps"]
         self.history = list(state["history"])
 
-    def _resolve_resume(self, value: str) -> Path:
+    def _rewrite_metrics(self) -> None:
+        """On resume, metrics.jsonl holds exactly the checkpoint's history: lines logged after the checkpoint
+        by the interrupted run would otherwise appear twice once those iterations are rerun."""
+        if not self.accelerator.is_main_process:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        target = self.out_dir / "metrics.jsonl"
+        tmp = target.with_name(f".metrics.jsonl.tmp-{os.getpid()}")
+        tmp.write_text("".join(json.dumps(m) + "\n" for m in self.history))
+        os.replace(tmp, target)
+
+    def _find_resume(self, value: str) -> tuple[Path, dict[str, Any]]:
+        """The checkpoint to resume from and its state; 'latest' skips incomplete checkpoints with a warning."""
         if value != "latest":
-            return Path(value)
-        ckpts = sorted((self.out_dir / "checkpoints").glob("iter_*"))
-        if not ckpts:
-            raise ConfigError(f"train.resume_from='latest' but {self.out_dir / 'checkpoints'} holds no checkpoint")
-        return ckpts[-1]
+            path = Path(value)
+            if not path.is_dir():
+                raise CheckpointError(f"train.resume_from: {value!r} is not a folder; give a checkpoint folder such "
+                                      f"as {self.out_dir / 'checkpoints' / 'iter_000010'}, or 'latest'")
+            return path, read_checkpoint(path)
+        root = self.out_dir / "checkpoints"
+        found = sorted((d for d in root.glob("iter_*") if re.fullmatch(r"iter_\d+", d.name) and d.is_dir()),
+                       key=lambda d: int(d.name[5:]))
+        for path in reversed(found):
+            try:
+                return path, read_checkpoint(path)
+            except CheckpointError as exc:
+                warnings.warn(f"train.resume_from='latest': skipping {path}, which is incomplete or corrupt ({exc})",
+                              stacklevel=2)
+        raise ConfigError(f"train.resume_from='latest' but {root} holds no complete checkpoint; "
+                          "unset train.resume_from to start a new run")
 
     def export(self, path: str | Path | None = None) -> Path:
         """Save the trained weights for inference: LoRA in diffusers' format, or the full denoiser (EMA if kept)."""
@@ -620,3 +680,141 @@ class Trainer:
 
             plot_curves(self.history, self.out_dir / "reward_curve.png")
         return self.history
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoint files: safetensors for tensors, JSON for the rest, so resuming never unpickles code
+# ----------------------------------------------------------------------------------------------
+STATE_FILE = "trainer_state.json"  # written last: its presence marks a complete folder
+_TEMPORARY = re.compile(r"^\..+\.(tmp|old)-\d+$")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temporaries(root: Path) -> None:
+    """Folders left by a save that was killed before its rename."""
+    for d in root.iterdir():
+        if d.is_dir() and _TEMPORARY.match(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def write_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
+    """Write `Trainer.checkpoint_state()` to the folder `path` atomically (temporary folder, then rename):
+    params/optimizer/ema tensors as safetensors, everything else in trainer_state.json."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    opt = state["optimizer"]
+    opt_tensors: dict[str, torch.Tensor] = {}
+    opt_scalars: dict[str, dict[str, Any]] = {}
+    for idx, per_param in opt["state"].items():
+        for key, val in per_param.items():
+            if isinstance(val, torch.Tensor):
+                opt_tensors[f"{idx}.{key}"] = val.detach().cpu().contiguous()
+            else:
+                opt_scalars.setdefault(str(idx), {})[key] = val
+    tensors = {"params": {n: v.detach().cpu().contiguous() for n, v in state["params"].items()},
+               "optimizer": opt_tensors}
+    ema = state.get("ema")
+    if ema is not None:
+        tensors["ema"] = {f"shadow.{i}": t.detach().cpu().contiguous() for i, t in enumerate(ema["shadow"])}
+    meta: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT, "iteration": state["iteration"], "optimizer_steps": state["optimizer_steps"],
+        "history": state["history"], "algorithm": state.get("algorithm"), "config": state.get("config"),
+        "optimizer": {"param_groups": opt["param_groups"], "scalars": opt_scalars},
+        "ema": None if ema is None else {"num_updates": ema["num_updates"], "size": len(ema["shadow"])},
+        "files": {},
+    }
+    for name, group in tensors.items():
+        file = tmp / f"{name}.safetensors"
+        save_file(group, str(file))
+        _fsync(file)
+        meta["files"][file.name] = file.stat().st_size
+    (tmp / STATE_FILE).write_text(json.dumps(meta))
+    _fsync(tmp / STATE_FILE)
+    if path.exists():  # re-saving an iteration (e.g. the final save after a periodic one)
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    _fsync(path.parent)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The state written by `write_checkpoint` (or a legacy trainer_state.pt, read with weights_only=True),
+    in `Trainer.checkpoint_state()`'s layout. Raises CheckpointError for a missing, incomplete or corrupt folder."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta_file = path / STATE_FILE
+    if not meta_file.is_file():
+        if (path / "trainer_state.pt").is_file():
+            return _read_legacy_checkpoint(path / "trainer_state.pt")
+        raise CheckpointError(f"{path} has no {STATE_FILE}: not a trainer checkpoint, or one whose save was "
+                              "interrupted; resume from an earlier checkpoint folder")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{meta_file} is not readable JSON ({exc}); the checkpoint is corrupt") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{meta_file}: unknown checkpoint format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
+                              f"expected {CHECKPOINT_FORMAT}")
+    for key, kind in (("iteration", int), ("optimizer_steps", int), ("history", list), ("files", dict),
+                      ("optimizer", dict)):
+        if not isinstance(meta.get(key), kind):
+            raise CheckpointError(f"{meta_file}: '{key}' is missing or not a {kind.__name__}; the checkpoint is corrupt")
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for file, size in meta["files"].items():
+        f = path / file
+        if not f.is_file() or f.stat().st_size != size:
+            have = f.stat().st_size if f.is_file() else "no file"
+            raise CheckpointError(f"{f}: expected {size} bytes, found {have}; the checkpoint is incomplete")
+        try:
+            tensors[file.removesuffix(".safetensors")] = load_file(str(f))
+        except Exception as exc:  # safetensors raises its own error type for a corrupt header
+            raise CheckpointError(f"{f} is not a readable safetensors file ({exc})") from None
+    if "params" not in tensors or "optimizer" not in tensors:
+        raise CheckpointError(f"{meta_file} lists no params or optimizer file; the checkpoint is corrupt")
+    opt_state: dict[int, dict[str, Any]] = {}
+    for key, val in tensors["optimizer"].items():
+        idx, name = key.split(".", 1)
+        opt_state.setdefault(int(idx), {})[name] = val
+    for idx, scalars in meta["optimizer"].get("scalars", {}).items():
+        opt_state.setdefault(int(idx), {}).update(scalars)
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["optimizer"]["param_groups"]]
+    ema = None
+    if meta.get("ema") is not None:
+        if "ema" not in tensors:
+            raise CheckpointError(f"{meta_file} records an EMA but lists no ema file; the checkpoint is corrupt")
+        ema = {"shadow": [tensors["ema"][f"shadow.{i}"] for i in range(meta["ema"]["size"])],
+               "num_updates": meta["ema"]["num_updates"]}
+    return {"iteration": meta["iteration"], "optimizer_steps": meta["optimizer_steps"], "params": tensors["params"],
+            "optimizer": {"state": opt_state, "param_groups": groups}, "ema": ema,
+            "algorithm": meta.get("algorithm"), "history": meta["history"], "config": meta.get("config")}
+
+
+def _read_legacy_checkpoint(file: Path) -> dict[str, Any]:
+    """Checkpoints of format 1 (one torch.save file): tensors and plain containers only, so weights_only works."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or 0-byte file raises EOFError, RuntimeError or an unpickling error
+        raise CheckpointError(f"{file} cannot be read ({type(exc).__name__}: {exc}); the checkpoint is incomplete "
+                              "or corrupt") from None
+    required = ("iteration", "optimizer_steps", "params", "optimizer", "history")
+    if not isinstance(state, dict) or any(k not in state for k in required):
+        raise CheckpointError(f"{file} lacks {list(required)}; it is not a trainer checkpoint")
+    return {"ema": None, "algorithm": None, "config": None, **state}

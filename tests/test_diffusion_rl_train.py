@@ -3,7 +3,9 @@ resume, the correctness probe, configs and the CLI, and 2-process data parallel 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from diffusion_rl.config import from_dict, load_config, parse_overrides
-from diffusion_rl.trainer import ProbeError, Trainer
-from mmreward.errors import ConfigError
+from diffusion_rl.config import TrainConfig, from_dict, load_config, parse_overrides
+from diffusion_rl.trainer import ProbeError, Trainer, read_checkpoint
+from mmreward.errors import CheckpointError, ConfigError
 
 PROMPTS = ["a red circle", "a blue square", "a green star"]
 
@@ -55,17 +57,31 @@ def test_one_iteration_smoke(pipes, tmp_path, kind, algo):
     assert metrics["adv/abs_mean"] > 0
 
 
-def test_exact_resume_and_outputs(pipes, tmp_path):
-    straight = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "a", iterations=2)))
+def _without_times(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+
+@pytest.mark.parametrize("kind,algo", [("sd3", "grpo"), ("sd", "ddpo")])
+def test_exact_resume_and_outputs(pipes, tmp_path, kind, algo):
+    """A resumed run is bit-identical to the uninterrupted one: parameters, EMA and every metric."""
+    def cfg(out, **kw):
+        c = _cfg(pipes[kind], kind, algo, out, ema=True, ema_update_every=1, **kw)
+        c["prompts"]["train"] = PROMPTS + ["a yellow triangle", "a purple heart"]  # prompts first seen in iteration 2
+        return from_dict(c)
+
+    straight = Trainer(cfg(tmp_path / "a", iterations=2))
     straight.fit()
-    first = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "b", iterations=1)))
+    first = Trainer(cfg(tmp_path / "b", iterations=1))
     first.fit()
     ckpt = tmp_path / "b" / "checkpoints" / "iter_000001"
-    resumed = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "b", iterations=2, resume_from=str(ckpt))))
+    resumed = Trainer(cfg(tmp_path / "b", iterations=2, resume_from=str(ckpt)))
     assert resumed.iteration == 1
     resumed.fit()
-    for a, b in zip(straight.trainable, resumed.trainable):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(straight.ema.shadow, resumed.ema.shadow, strict=True):
+        assert torch.equal(a, b)
+    assert _without_times(resumed.history) == _without_times(straight.history)
     out = tmp_path / "a"
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and (out / "reward_curve.png").is_file()
@@ -133,7 +149,7 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path):
     cfg["log"]["output_dir"] = str(tmp_path / "dp1")
     one = Trainer(from_dict(cfg))
     one.fit()
-    two = torch.load(tmp_path / "dp2" / "checkpoints" / "iter_000001" / "trainer_state.pt", weights_only=False)
+    two = read_checkpoint(tmp_path / "dp2" / "checkpoints" / "iter_000001")
     # same rollouts and rewards, same gradient (its global norm is measured before the optimiser step) ...
     assert two["history"][0]["reward/mock"] == pytest.approx(one.history[0]["reward/mock"], rel=1e-6, abs=1e-6)
     assert two["history"][0]["train/grad_norm"] == pytest.approx(one.history[0]["train/grad_norm"], rel=1e-4)
@@ -144,3 +160,201 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path):
     for p in one.trainable:
         other = two["params"][names[id(p)]]
         torch.testing.assert_close(p.detach().cpu(), other, rtol=0, atol=1e-2 * lr)
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: not an Exception, so nothing on the way up handles it."""
+
+
+def test_kill_during_checkpoint_then_resume_latest(pipes, tmp_path, monkeypatch):
+    """Killed while writing checkpoint 2 (after logging iteration 2): resume_from=latest takes checkpoint 1, the
+    run ends bit-identical to an uninterrupted one, and metrics.jsonl holds each iteration once."""
+    import safetensors.torch
+
+    def cfg(out, **kw):
+        return from_dict(_cfg(pipes["sd3"], "sd3", "grpo", out, iterations=3, **kw) | {
+            "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False, "save_every": 1}})
+
+    straight = Trainer(cfg(tmp_path / "a"))
+    straight.fit()
+    real_save = safetensors.torch.save_file
+
+    def dying_save(tensors, filename, *a, **kw):
+        if "iter_000002" in str(filename) and str(filename).endswith("optimizer.safetensors"):
+            Path(filename).write_bytes(b"\x00" * 7)  # a partial file, then the process dies
+            raise _Killed
+        return real_save(tensors, filename, *a, **kw)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", dying_save)
+    with pytest.raises(_Killed):
+        Trainer(cfg(tmp_path / "b")).fit()
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    ckpts = tmp_path / "b" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("iter_*")) == ["iter_000001"]  # the partial save is not a checkpoint
+    logged = [json.loads(line)["iteration"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2]  # iteration 2 was logged before the kill
+
+    resumed = Trainer(cfg(tmp_path / "b", resume_from="latest"))
+    assert resumed.iteration == 1
+    resumed.fit()
+    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
+        assert torch.equal(a, b)
+    assert _without_times(resumed.history) == _without_times(straight.history)
+    logged = [json.loads(line)["iteration"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_000001", "iter_000002", "iter_000003"]  # temporaries gone
+
+
+def _break_missing_state(ckpt: Path) -> None:
+    (ckpt / "trainer_state.json").unlink()
+
+
+def _break_truncated_params(ckpt: Path) -> None:
+    data = (ckpt / "params.safetensors").read_bytes()
+    (ckpt / "params.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _break_corrupt_json(ckpt: Path) -> None:
+    (ckpt / "trainer_state.json").write_text('{"format": 2, "iter')
+
+
+def _break_legacy_zero_bytes(ckpt: Path) -> None:
+    for f in ckpt.iterdir():
+        f.unlink()
+    (ckpt / "trainer_state.pt").write_bytes(b"")  # what SIGKILL during the old torch.save left behind
+
+
+def _break_empty_dir(ckpt: Path) -> None:
+    for f in ckpt.iterdir():
+        f.unlink()
+
+
+@pytest.mark.parametrize("breaker", [_break_missing_state, _break_truncated_params, _break_corrupt_json,
+                                     _break_legacy_zero_bytes, _break_empty_dir])
+def test_resume_latest_skips_incomplete_checkpoints(pipes, tmp_path, breaker):
+    import shutil
+
+    out = tmp_path / "run"
+    trainer = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", out, iterations=1)))
+    trainer.fit()
+    good = out / "checkpoints" / "iter_000001"
+    bad = out / "checkpoints" / "iter_000002"
+    shutil.copytree(good, bad)
+    breaker(bad)
+    with pytest.warns(UserWarning, match="skipping .*iter_000002"):
+        resumed = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", out, iterations=2, resume_from="latest")))
+    assert resumed.iteration == 1
+    for a, b in zip(trainer.trainable, resumed.trainable, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(CheckpointError, match="iter_000002"):  # named explicitly, it is an error, not a fallback
+        Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", out, iterations=2, resume_from=str(bad))))
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_resume_never_unpickles_code(pipes, tmp_path, monkeypatch):
+    """A checkpoint holding a pickled object (old single-file format) is refused, and the code in it never runs."""
+    out = tmp_path / "run"
+    trainer = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", out, iterations=1)))
+    trainer.fit()
+    ckpt = out / "checkpoints" / "iter_000001"
+    assert sorted(p.suffix for p in ckpt.iterdir()) == [".json", ".safetensors", ".safetensors"]
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    state = trainer.checkpoint_state()
+    state["history"] = [_Payload()]
+    torch.save(state, evil / "trainer_state.pt")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="trainer_state.pt cannot be read"):
+        Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", out, iterations=2, resume_from=str(evil))))
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_config_types_are_checked_when_built_in_code():
+    with pytest.raises(ConfigError, match="train.iterations .*whole number"):
+        TrainConfig(iterations=2.5)
+    with pytest.raises(ConfigError, match="train.learning_rate must be a finite number"):
+        TrainConfig(learning_rate=float("nan"))
+    cfg = from_dict({"train": {"learning_rate": "1e-4", "iterations": "7"}})  # YAML 1.1 leaves 1e-4 a string
+    assert (cfg.train.learning_rate, cfg.train.iterations) == (1e-4, 7)
+    assert isinstance(cfg.train.learning_rate, float) and isinstance(cfg.train.iterations, int)
+    assert load_config(None, ["log.output_dir='1e5'"]).log.output_dir == "1e5"  # quoted: stays a string
+
+
+def _cli_cases(pipe: str, tmp: Path) -> dict[str, tuple[list[str], str]]:
+    base = tmp / "run.yaml"
+    base.write_text(yaml.safe_dump(_cfg(pipe, "sd3", "grpo", tmp / "out")))
+    (tmp / "invalid.yaml").write_text("model: [unclosed\n")
+    (tmp / "empty.yaml").write_text("# nothing\n")
+    (tmp / "list.yaml").write_text("- model\n")
+    train = ["train", "--config", str(base)]
+    return {
+        "empty pretrained": (train + ["model.pretrained=''"], "model.pretrained is empty"),
+        "null pretrained": (train + ["model.pretrained="], "model.pretrained must be a string"),
+        "missing pretrained": (train + [f"model.pretrained={tmp / 'nope'}"], "model.pretrained: .* does not exist"),
+        "not a pipeline": (train + [f"model.pretrained={tmp}"], "model.pretrained: .* no model_index.json"),
+        "unknown reward": (train + ["reward.rewards={nope: 1.0}"], "nope"),
+        "bad reward option": (train + ["reward.options={mock: {bogus: 1}}"], "reward.options.mock"),
+        "missing eval prompts": (train + [f"prompts.eval={tmp / 'eval.txt'}"], "prompts.eval"),
+        "missing train prompts": (train + [f"prompts.train={tmp / 'train.txt'}"], "prompts.train"),
+        "resume missing": (train + [f"train.resume_from={tmp / 'ckpt'}"], "train.resume_from"),
+        "resume latest none": (train + ["train.resume_from=latest"], "no complete checkpoint"),
+        "invalid yaml": (["train", "--config", str(tmp / "invalid.yaml")], "not valid YAML"),
+        "empty yaml": (["train", "--config", str(tmp / "empty.yaml")], "is empty"),
+        "list yaml": (["train", "--config", str(tmp / "list.yaml")], "top level must be a mapping"),
+        "bad override yaml": (train + ["train.iterations=[1"], "not valid YAML"),
+        "non-numeric": (train + ["train.learning_rate=abc"], "train.learning_rate must be a number"),
+        "list for number": (train + ["train.iterations=[1, 2]"], "train.iterations must be a whole number"),
+        "bool for number": (train + ["train.learning_rate=true"], "train.learning_rate must be a number"),
+        "number for bool": (train + ["model.lora=1"], "model.lora must be true or false"),
+        "nan": (train + ["train.learning_rate=nan"], "finite"),
+        "yaml nan": (train + ["train.clip_range=.nan"], "finite"),
+        "inf": (train + ["train.max_grad_norm=inf"], "finite"),
+        "nan reward weight": (train + ["reward.rewards={mock: .nan}"], "reward.rewards.mock must be a finite"),
+        "fractional count": (train + ["sample.group_size=8.5"], "sample.group_size .*whole number"),
+        "float count 1e9": (train + ["train.iterations=1e9"], "train.iterations .*whole number"),
+        "negative beta": (train + ["train.adam_beta1=-0.1"], "train.adam_beta1"),
+        "list for string": (train + ["log.output_dir=[a]"], "log.output_dir must be a string"),
+        "bad enum": (train + ["sample.kernel=euler"], "sample.kernel must be one of"),
+        "config nan": (["config", "train.learning_rate=nan"], "finite"),
+        "config invalid yaml": (["config", "--config", str(tmp / "invalid.yaml")], "not valid YAML"),
+        "config bad preset type": (["config", "preset=[1]"], "preset must be a string"),
+        "reno missing pipeline": (["reno", "--pipeline", str(tmp / "nope"), "--prompt", "a", "--reward", "mock=1"],
+                                  "--pipeline: .* does not exist"),
+        "reno nan lr": (["reno", "--pipeline", pipe, "--prompt", "a", "--reward", "mock=1", "--lr", "nan"],
+                        "--lr must be a finite"),
+        "reno nan weight": (["reno", "--pipeline", pipe, "--prompt", "a", "--reward", "mock=nan"], "finite"),
+        "best-of-n zero n": (["best-of-n", "--pipeline", pipe, "--prompt", "a", "--reward", "mock=1", "--n", "0"],
+                             "--n must be >= 1"),
+        "best-of-n unknown reward": (["best-of-n", "--pipeline", pipe, "--prompt", "a", "--reward", "nope=1"], "nope"),
+    }
+
+
+CLI_CASES = [
+    "empty pretrained", "null pretrained", "missing pretrained", "not a pipeline", "unknown reward", "bad reward option",
+    "missing eval prompts", "missing train prompts", "resume missing", "resume latest none", "invalid yaml",
+    "empty yaml", "list yaml", "bad override yaml", "non-numeric", "list for number", "bool for number",
+    "number for bool", "nan", "yaml nan", "inf", "nan reward weight", "fractional count", "float count 1e9",
+    "negative beta", "list for string", "bad enum", "config nan", "config invalid yaml", "config bad preset type",
+    "reno missing pipeline", "reno nan lr", "reno nan weight", "best-of-n zero n", "best-of-n unknown reward",
+]
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_cli_usage_errors_are_one_line_exit_2(pipes, tmp_path, capsys, case):
+    from diffusion_rl.cli import main
+
+    cases = _cli_cases(pipes["sd3"], tmp_path)
+    assert set(cases) == set(CLI_CASES)
+    argv, match = cases[case]
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert re.search(match, lines[0]), lines[0]
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -65,10 +65,10 @@ def test_generator_trainer_smoke_saves_loads_and_resumes(tmp_path):
     args = ["--out", str(tmp_path / "gen"), "--work", str(tmp_path / "work"), "--batch-size", "2",
             "--width", "64", "--layers", "1", "--warmup", "1", "--ckpt-every", "1", "--export-every", "2"]
     main(args + ["--steps", "2"])
-    state = torch.load(tmp_path / "work" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "work" / "checkpoint.pt", weights_only=True)
     assert state["step"] == 2 and len(state["log"]) == 2
     main(args + ["--steps", "3"])  # resumes at step 2, trains one more step
-    state = torch.load(tmp_path / "work" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "work" / "checkpoint.pt", weights_only=True)
     assert state["step"] == 3 and len(state["log"]) == 3
     meta = json.loads((tmp_path / "gen" / "shapesworld.json").read_text())
     assert meta["trained_steps"] == 3 and meta["generation_defaults"] == GENERATION_DEFAULTS

@@ -130,16 +130,37 @@ def _save(images, out: Path, stem: str) -> None:
         save_grid(img[None], out / f"{stem}_{i:03d}.png", ncol=1)
 
 
+_AT_LEAST_ONE = ("steps", "n", "batch_size", "iters", "views", "top_k", "height", "width", "max_sequence_length")
+
+
+def _check_numbers(args) -> None:
+    """Counts >= 1 and finite floats, checked before the (slow) pipeline and reward loads."""
+    import math
+
+    from mmreward.errors import ConfigError
+
+    for name, value in vars(args).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{flag} must be a finite number, got {value}")
+        if name in _AT_LEAST_ONE and value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if getattr(args, "explore", 0) < 0:
+        raise ConfigError(f"--explore must be >= 0, got {args.explore}")
+
+
 def run(args) -> int:
+    from diffusion_rl.cli import one_line
     from mmreward.errors import MMRewardError
 
     try:
+        _check_numbers(args)
         prompts = _prompts(args)
         if args.command == "reno":
             return _run_reno(args, prompts)
         return _run_best_of_n(args, prompts)
     except MMRewardError as exc:
-        print(f"diffusion-rl {args.command}: {exc}", file=sys.stderr)
+        print(f"diffusion-rl {args.command}: {one_line(exc)}", file=sys.stderr)
         return 2
 
 

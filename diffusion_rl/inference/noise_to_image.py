@@ -131,7 +131,7 @@ class NoiseToImage:
         **kwargs: Any,
     ) -> NoiseToImage:
         """Load any diffusers pipeline folder or hub id (cache-first; offline needs a local copy)."""
-        from diffusers import DiffusionPipeline
+        from diffusion_rl.rollout import pipeline_from_pretrained
 
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(torch_dtype, torch.dtype):
@@ -140,7 +140,7 @@ class NoiseToImage:
 
         # recent diffusers renamed torch_dtype to dtype (and warn on the old name); older ones only know torch_dtype
         key = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
-        pipe = DiffusionPipeline.from_pretrained(str(source), **{key: torch_dtype})
+        pipe = pipeline_from_pretrained(str(source), "--pipeline", **{key: torch_dtype})
         return cls(pipe.to(device), **kwargs)
 
     # -- shapes and noise ------------------------------------------------------------------------

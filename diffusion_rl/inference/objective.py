@@ -8,6 +8,7 @@ per-iteration logging.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ def parse_weighted(items: Iterable[str]) -> dict[str, float]:
             ) from None
         if not name:
             raise ConfigError(f"reward: expected NAME=WEIGHT such as 'hpsv2.1=5', got {item!r} (no name)")
+        if not math.isfinite(weight):
+            raise ConfigError(f"reward: the weight of {name!r} must be a finite number, got {value!r}")
         out[name] = weight
     if not out:
         raise ConfigError("reward: give at least one reward, e.g. --reward hpsv2.1=5")

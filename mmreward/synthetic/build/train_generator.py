@@ -183,7 +183,7 @@ def train(cfg: GeneratorTrainConfig) -> Path:
     start, log, elapsed = 0, [], 0.0
     ckpt = work / "checkpoint.pt"
     if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
         with torch.no_grad():
             for k, p in params.items():
                 p.copy_(state["params"][k])
