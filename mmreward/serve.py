@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import base64
 import hmac
+import ipaddress
 import itertools
 import json
 import logging
 import math
+import os
 import secrets
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -340,6 +343,7 @@ def build_app(cfg: ServeConfig):
         def __init__(self, cfg_dict: dict) -> None:
             import mmreward
 
+            _replica_grpc_on_loopback()
             self.cfg = ServeConfig(**cfg_dict)
             self.reward = mmreward.load(self.cfg.reward, checkpoint=self.cfg.checkpoint, device=self.cfg.device,
                                         weights=self.cfg.weights, **self.cfg.options)
@@ -403,14 +407,85 @@ def build_app(cfg: ServeConfig):
     return RewardDeployment.options(**opts).bind(asdict(cfg))
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _replica_grpc_on_loopback() -> None:
+    """On a loopback-only Ray node, bind this replica's inter-deployment gRPC server to loopback too.
+
+    Ray Serve binds that server to [::] (every interface) whatever the node IP, when the replica finishes
+    initialising (after our __init__); on a node whose IP is loopback no other host can use it anyway.
+    """
+    import ray
+
+    node_ip = ray.util.get_node_ip_address()
+    if not _is_loopback(node_ip):
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:  # another Ray layout: the listening-socket test will say so
+        return
+    add = getattr(replica, "add_port_to_grpc_server", None)
+    if add is None or getattr(add, "mmreward_loopback", False):
+        return
+
+    def add_port(server, address: str):
+        if address.startswith("[::]:"):
+            address = f"{node_ip}:{address.removeprefix('[::]:')}"
+        return add(server, address)
+
+    add_port.mmreward_loopback = True
+    replica.add_port_to_grpc_server = add_port
+
+
+@contextmanager
+def _loopback_ray():
+    """Make the Ray node we start use 127.0.0.1 as its IP, so its GCS, raylet, workers and agents bind loopback.
+
+    Ray's servers bind the node IP, and `ray.init(_node_ip_address="127.0.0.1")` alone is rewritten to the
+    machine's external address; Ray keeps loopback only with its local-only mode
+    (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the Windows/macOS default), read by each Ray process at import:
+    set in the environment the Ray processes inherit, and in this already-imported driver.
+    """
+    from ray._private import ray_constants
+
+    var = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    old_env, old_flag = os.environ.get(var), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[var], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_flag
+        if old_env is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old_env
+
+
 def start(cfg: ServeConfig, *, blocking: bool = False, ray_init: dict | None = None):
-    """Start Ray (locally unless RAY_ADDRESS says otherwise), bind the HTTP proxy and deploy."""
+    """Start Ray (locally unless RAY_ADDRESS says otherwise), bind the HTTP proxy and deploy.
+
+    When we start Ray ourselves and `cfg.host` is loopback, Ray's own ports (GCS, raylet, workers, agents)
+    listen on loopback too; the dashboard is not started.
+    """
     from mmreward.errors import require
 
     ray = require("ray", "serve", "the reward server")
     serve = require("ray.serve", "serve", "the reward server")
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **(ray_init or {}))
+        kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False, **(ray_init or {})}
+        ours = not (kwargs.get("address") or os.environ.get("RAY_ADDRESS"))
+        if ours and _is_loopback(cfg.host):
+            with _loopback_ray():
+                ray.init(**kwargs)
+        else:
+            ray.init(**kwargs)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
     serve.run(build_app(cfg), name="mmreward", route_prefix="/", blocking=blocking)
     return f"http://{cfg.host}:{cfg.port}"

@@ -5,6 +5,7 @@ on-demand failures (mmreward.testing.faulty)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import urllib.error
@@ -185,3 +186,27 @@ def test_chunked_body_over_the_cap_is_refused_before_it_ends(server):
             sent += len(chunk)
         sock.settimeout(20)  # the old server waited for the final chunk, which never comes
         assert _read_status(sock) == 413
+
+
+def _is_loopback(addr: str) -> bool:
+    ip = ipaddress.ip_address(addr.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def test_ray_ports_listen_on_loopback_only(server):
+    """Started through our entry point on 127.0.0.1, no Ray process (GCS, raylet, workers, agents, proxy)
+    listens on another interface."""
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+    listening = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            conns = proc.net_connections(kind="inet")
+            name = proc.name()
+        except psutil.Error:  # a process that exited meanwhile
+            continue
+        listening += [(name, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    assert any(port == int(server[0].rsplit(":", 1)[1]) for _, _, port in listening)  # the walk sees the proxy
+    exposed = [entry for entry in listening if not _is_loopback(entry[1])]
+    assert not exposed, f"Ray sockets listening beyond loopback: {exposed}"
