@@ -435,9 +435,11 @@ def _replica_grpc_on_loopback() -> None:
     if add is None or getattr(add, "mmreward_loopback", False):
         return
 
+    host = f"[{node_ip}]" if ":" in node_ip else node_ip
+
     def add_port(server, address: str):
         if address.startswith("[::]:"):
-            address = f"{node_ip}:{address.removeprefix('[::]:')}"
+            address = f"{host}:{address.removeprefix('[::]:')}"
         return add(server, address)
 
     add_port.mmreward_loopback = True
@@ -455,7 +457,10 @@ def _loopback_ray():
     """
     from ray._private import ray_constants
 
-    var = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # another Ray layout: the listening-socket test says so
+        yield
+        return
+    var = getattr(ray_constants, "ENABLE_RAY_CLUSTERS_ENV_VAR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
     old_env, old_flag = os.environ.get(var), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[var], ray_constants.ENABLE_RAY_CLUSTER = "0", False
     try:
