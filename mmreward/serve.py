@@ -13,29 +13,45 @@ pixels the client holds. Items of concurrent requests are merged by `serve.batch
 to `max_batch_size` items or `batch_wait_timeout_s`), same-shaped items stacked into one reward call;
 Ray places `num_replicas` replicas over the cluster's GPUs (`num_gpus` each).
 
+One client cannot fail another's request: each request is decoded and validated on its own (media
+layout and values, prompts) before its items join a shared batch, and when a merged reward call still
+fails, its requests are retried one at a time so only the one that makes the reward fail gets the error.
+Errors are JSON `{"error": ...}`: 400 for a malformed request or media, 413 for too large, 422 when the
+reward yields NaN/inf on that request's media, 500 (no internals in the text) for an untyped failure.
+
 Safety defaults: bind to 127.0.0.1; every POST needs `Authorization: Bearer <token>` (a random token is
-generated and printed when none is given; `--no-auth` must be explicit); requests above
-`max_request_bytes` or `max_request_items` are refused with 413 before any decoding.
+generated and printed when none is given; `--no-auth` must be explicit); a body above `max_request_bytes`
+is refused with 413 as soon as that many bytes have been read (chunked bodies included), and a request
+of more than `max_request_items` items before its data is decoded.
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
+import ipaddress
+import itertools
 import json
+import logging
+import math
+import os
 import secrets
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmreward.errors import ConfigError, MMRewardError, RewardInputError
-from mmreward.types import PairwiseOutput, Reward, RewardOutput
+from mmreward.errors import ConfigError, MMRewardError, RewardInputError, RewardValueError
+from mmreward.types import PairwiseOutput, Reward, RewardOutput, normalize_prompts
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+_MAX_NDIM = 5  # [B, T, 3, H, W]
+_log = logging.getLogger("mmreward.serve")
 
 
 @dataclass
@@ -71,24 +87,76 @@ class ServeConfig:
 
 
 # ----------------------------------------------------------------------------------------------
+# errors and their HTTP status
+# ----------------------------------------------------------------------------------------------
+class BadRequestError(RewardInputError):
+    """A request body the server cannot read: not JSON, not a JSON object, unknown or missing keys."""
+
+
+class RequestTooLargeError(RewardInputError):
+    """A request above `max_request_bytes` or `max_request_items` (HTTP 413)."""
+
+
+def error_status(exc: BaseException) -> int:
+    """The HTTP status for an error raised while serving one request.
+
+    Typed input and value errors are the client's (4xx); anything else is the server's (500). Either way
+    only the request that caused it receives it.
+    """
+    if isinstance(exc, RequestTooLargeError):
+        return 413
+    if isinstance(exc, RewardValueError):
+        return 422  # well-formed media on which the reward produced NaN/inf
+    if isinstance(exc, MMRewardError) and isinstance(exc, ValueError):
+        return 400
+    return 500
+
+
+def error_message(exc: BaseException) -> str:
+    if error_status(exc) == 500:
+        # An untyped exception's text may carry paths or internals; the traceback goes to the server log.
+        return f"internal error while serving this request ({type(exc).__name__}); see the server log"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ----------------------------------------------------------------------------------------------
 # wire format
 # ----------------------------------------------------------------------------------------------
 def encode_tensor(x: torch.Tensor) -> dict:
     arr = x.detach().to(torch.float32).cpu().contiguous().numpy()
-    return {"dtype": "float32", "shape": list(arr.shape), "data": base64.b64encode(arr.tobytes()).decode("ascii")}
+    return {"dtype": "float32", "shape": list(arr.shape), "data": base64.b64encode(arr.astype("<f4").tobytes()).decode("ascii")}
 
 
 def decode_tensor(obj: Any, what: str) -> torch.Tensor:
+    """{"dtype", "shape", "data"} -> tensor; every malformed field is a RewardInputError naming it."""
     if not isinstance(obj, dict) or not {"dtype", "shape", "data"} <= set(obj):
-        raise RewardInputError(f"{what}: expected {{'dtype', 'shape', 'data'}}, got {type(obj).__name__}")
-    if obj["dtype"] not in _DTYPES:
-        raise RewardInputError(f"{what}: dtype must be one of {sorted(_DTYPES)}, got {obj['dtype']!r}")
-    shape = [int(s) for s in obj["shape"]]
-    raw = base64.b64decode(obj["data"], validate=True)
-    arr = np.frombuffer(raw, dtype=_DTYPES[obj["dtype"]])
-    if arr.size != int(np.prod(shape)):
-        raise RewardInputError(f"{what}: {arr.size} values do not fill shape {shape}")
-    return torch.from_numpy(arr.reshape(shape).copy())
+        got = f"an object with keys {sorted(obj)[:6]}" if isinstance(obj, dict) else type(obj).__name__
+        raise RewardInputError(f"{what}: expected an object {{'dtype', 'shape', 'data'}} (see encode_tensor), got {got}")
+    dtype, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise RewardInputError(f"{what}: dtype must be one of {sorted(_DTYPES)}, got {_short(dtype)}")
+    if (not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_NDIM
+            or not all(type(s) is int and s >= 0 for s in shape)):
+        raise RewardInputError(f"{what}: shape must be a list of 1 to {_MAX_NDIM} non-negative integers, "
+                               f"got {_short(shape)}")
+    if not isinstance(data, str):
+        raise RewardInputError(f"{what}: data must be a base64 string, got {type(data).__name__}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as exc:  # binascii.Error, or non-ASCII characters
+        raise RewardInputError(f"{what}: data is not valid base64 ({exc})") from None
+    wire = np.dtype(_DTYPES[dtype]).newbyteorder("<")
+    expected = math.prod(shape) * wire.itemsize
+    if len(raw) != expected:
+        raise RewardInputError(f"{what}: {len(raw)} bytes of data do not fill shape {shape} of {dtype} "
+                               f"({expected} bytes)")
+    arr = np.frombuffer(raw, dtype=wire).reshape(shape).astype(_DTYPES[dtype])  # native order, writable copy
+    return torch.from_numpy(arr)
 
 
 def _output_json(out: RewardOutput | PairwiseOutput) -> dict:
@@ -103,6 +171,160 @@ def _output_json(out: RewardOutput | PairwiseOutput) -> dict:
         body = {"scores": lst(out.scores)}
     body["details"] = {k: lst(v) for k, v in out.details.items() if v.ndim == 1}
     return body
+
+
+# ----------------------------------------------------------------------------------------------
+# one request: bounded body, JSON object, validated items (pure; no Ray)
+# ----------------------------------------------------------------------------------------------
+async def read_body(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """The request body from its chunks, read no further than the first chunk that passes `limit` bytes.
+
+    `Content-Length` cannot be trusted to bound memory: a chunked body has none.
+    """
+    buf = bytearray()
+    async for chunk in chunks:
+        buf += chunk
+        if len(buf) > limit:
+            raise RequestTooLargeError(f"request body exceeds max_request_bytes={limit} (stopped reading at "
+                                       f"{len(buf)} bytes); split it into smaller requests")
+    return bytes(buf)
+
+
+def parse_json_object(body: bytes) -> dict:
+    """The request body as a JSON object, or a BadRequestError that says what it is instead."""
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        raise BadRequestError("request body: JSON nested too deeply; send one flat object "
+                              "{\"prompts\": ..., \"media\": ...}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise BadRequestError(f"request body is not valid JSON ({exc}); send a JSON object "
+                              "{\"prompts\": ..., \"media\": ...}") from None
+    if not isinstance(payload, dict):
+        kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(payload), "null")
+        raise BadRequestError(f"request body must be a JSON object {{\"prompts\": ..., \"media\": ...}}, got a JSON {kind}")
+    return payload
+
+
+@dataclass(frozen=True)
+class Item:
+    """One scored unit of one request: a prompt and its media (one tensor for /score, a pair for /compare)."""
+
+    request: int
+    prompt: str
+    media: tuple[torch.Tensor, ...]
+
+
+ROUTES = {"score": ("media",), "compare": ("media_a", "media_b")}
+
+
+def validate_media(x: torch.Tensor, what: str, reward: Reward) -> torch.Tensor:
+    """What `Reward.score` would refuse in a batch, refused for this tensor alone (reward's device and dtype)."""
+    if x.ndim not in (4, 5):
+        raise RewardInputError(f"{what}: shape must be [B, 3, H, W] for images or [B, T, 3, H, W] for videos, "
+                               f"got {list(x.shape)}")
+    if 0 in x.shape[1:]:
+        raise RewardInputError(f"{what}: every item needs at least one frame, channel and pixel in each "
+                               f"dimension, got shape {list(x.shape)}")
+    batch = reward.prepare(x)  # layout, channels, NaN/inf and value-range checks of the media convention
+    if not isinstance(batch, torch.Tensor):  # a tensor in gives a tensor out; guard against a custom prepare
+        raise RewardInputError(f"{what}: reward '{reward.name}' could not batch shape {list(x.shape)}")
+    return batch
+
+
+def prepare_request(payload: dict, route: str, reward: Reward, *, max_items: int, request_id: int) -> list[Item]:
+    """Decode and validate one request on its own, before any of it joins a batch shared with other requests.
+
+    Everything `Reward.score`/`compare` checks on the input (media layout and values, prompts) is checked
+    here, so a bad request fails alone with a typed error instead of failing the merged reward call.
+    """
+    keys = ROUTES[route]
+    unknown = sorted(set(payload) - {"prompts", *keys})
+    if unknown:
+        raise BadRequestError(f"/{route}: unknown keys {unknown[:5]}; the body takes 'prompts' and {list(keys)}")
+    tensors = []
+    for key in keys:
+        if key not in payload:
+            raise BadRequestError(f"/{route}: missing {key!r}; the body takes 'prompts' and {list(keys)}")
+        obj = payload[key]
+        shape = obj.get("shape") if isinstance(obj, dict) else None
+        if isinstance(shape, list) and shape and type(shape[0]) is int and shape[0] > max_items:
+            # before decoding: the item count alone decides
+            raise RequestTooLargeError(f"request has {shape[0]} items; max_request_items={max_items}. "
+                                       "Split it into smaller requests.")
+        tensors.append(validate_media(decode_tensor(obj, key), key, reward))
+    n = len(tensors[0])
+    if any(len(t) != n for t in tensors[1:]):
+        raise RewardInputError(f"media_a and media_b must have the same length: got {n} and {len(tensors[1])}")
+    if n == 0:
+        raise RewardInputError(f"{keys[0]}: got an empty batch; send at least one item")
+    prompts = normalize_prompts(payload.get("prompts"), n, required=reward.requires_prompt)
+    return [Item(request_id, p, tuple(t[i] for t in tensors)) for i, p in enumerate(prompts)]
+
+
+# ----------------------------------------------------------------------------------------------
+# items of concurrent requests, merged and isolated (pure; no Ray)
+# ----------------------------------------------------------------------------------------------
+RewardCall = Callable[[list[str], list[torch.Tensor]], "RewardOutput | PairwiseOutput"]
+
+
+def score_items(items: Sequence[Item], call: RewardCall) -> list[dict]:
+    """Score items merged from concurrent requests: one result dict per item, in order.
+
+    Same-shaped items run in one `call(prompts, [stacked media per slot])`. When a merged call fails, for
+    any reason, its requests are retried one request at a time, so a request that makes the reward fail
+    fails alone and every other request gets what it would get alone. A failed item's dict is
+    {"error": message, "status": HTTP status}.
+    """
+    results: list[dict] = [{}] * len(items)
+    groups: dict[tuple, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault(tuple(tuple(m.shape) for m in it.media), []).append(i)
+    for idx in groups.values():
+        by_request: dict[int, list[int]] = {}
+        for i in idx:
+            by_request.setdefault(items[i].request, []).append(i)
+        try:
+            _run(items, idx, call, results)
+        except Exception as exc:  # noqa: BLE001 - isolated below, reported to the guilty request only
+            if len(by_request) == 1:
+                _fail(idx, exc, results)
+                continue
+            for sub in by_request.values():
+                try:
+                    _run(items, sub, call, results)
+                except Exception as sub_exc:  # noqa: BLE001
+                    _fail(sub, sub_exc, results)
+    return results
+
+
+def _run(items: Sequence[Item], idx: list[int], call: RewardCall, results: list[dict]) -> None:
+    slots = len(items[idx[0]].media)
+    out = call([items[i].prompt for i in idx], [torch.stack([items[i].media[s] for i in idx]) for s in range(slots)])
+    body = _output_json(out)
+    for k, v in body.items():
+        if k != "details" and len(v) != len(idx):
+            raise RuntimeError(f"reward returned {len(v)} values of {k!r} for {len(idx)} items")
+    for j, i in enumerate(idx):
+        results[i] = {k: (v[j] if k != "details" else {d: dv[j] for d, dv in v.items()}) for k, v in body.items()}
+
+
+def _fail(idx: list[int], exc: Exception, results: list[dict]) -> None:
+    status = error_status(exc)
+    if status == 500:
+        _log.error("reward call failed for a request of %d items", len(idx), exc_info=exc)
+    for i in idx:
+        results[i] = {"error": error_message(exc), "status": status}
+
+
+def merge_results(results: list[dict]) -> tuple[dict, int]:
+    """One request's per-item results -> (response body, HTTP status); a failed item fails the request."""
+    for r in results:
+        if "error" in r:
+            return {"error": r["error"]}, r["status"]
+    out: dict = {k: [r[k] for r in results] for k in results[0] if k != "details"}
+    out["details"] = {d: [r["details"][d] for r in results] for d in results[0].get("details", {})}
+    return out, 200
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,24 +343,34 @@ def build_app(cfg: ServeConfig):
         def __init__(self, cfg_dict: dict) -> None:
             import mmreward
 
+            _replica_grpc_on_loopback()
             self.cfg = ServeConfig(**cfg_dict)
             self.reward = mmreward.load(self.cfg.reward, checkpoint=self.cfg.checkpoint, device=self.cfg.device,
                                         weights=self.cfg.weights, **self.cfg.options)
-            self._score_batch.set_max_batch_size(self.cfg.max_batch_size)
-            self._score_batch.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
-            self._compare_batch.set_max_batch_size(self.cfg.max_batch_size)
-            self._compare_batch.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
+            self._request_ids = itertools.count()
+            for batched in (self._score_batch, self._compare_batch):
+                batched.set_max_batch_size(self.cfg.max_batch_size)
+                batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
 
-        # items of concurrent requests arrive here together
+        # items of concurrent requests arrive here together; score_items never raises, so one request's
+        # failure cannot reach the others' futures
         @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
-        async def _score_batch(self, items: list[tuple[str, torch.Tensor]]) -> list[dict]:
-            return _run_grouped(items, lambda ps, ms: self.reward.score(ps, ms), pairwise=False)
+        async def _score_batch(self, items: list[Item]) -> list[dict]:
+            return score_items(items, lambda prompts, media: self.reward.score(prompts, media[0]))
 
         @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
-        async def _compare_batch(self, items: list[tuple[str, torch.Tensor, torch.Tensor]]) -> list[dict]:
-            return _run_grouped(items, None, pairwise=True, reward=self.reward)
+        async def _compare_batch(self, items: list[Item]) -> list[dict]:
+            return score_items(items, lambda prompts, media: self.reward.compare(prompts, media[0], media[1]))
 
         async def __call__(self, request: Request):
+            try:
+                return await self._handle(request)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes this request's JSON error
+                if error_status(exc) == 500:
+                    _log.error("request failed", exc_info=exc)
+                return JSONResponse({"error": error_message(exc)}, status_code=error_status(exc))
+
+        async def _handle(self, request: Request):
             import asyncio
 
             path = request.url.path.rstrip("/")
@@ -153,33 +385,20 @@ def build_app(cfg: ServeConfig):
                 if not hmac.compare_digest(given.encode(), f"Bearer {self.cfg.token}".encode()):
                     return JSONResponse({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
                                         status_code=401)
-            if request.method != "POST" or not (path.endswith("/score") or path.endswith("/compare")):
+            route = path.rsplit("/", 1)[-1]
+            if request.method != "POST" or route not in ROUTES:
                 return JSONResponse({"error": f"unknown route {request.method} {path}; use POST /score or /compare"},
                                     status_code=404)
-            declared = int(request.headers.get("content-length") or 0)
-            if declared > self.cfg.max_request_bytes:
-                return _too_large(f"request body of {declared} bytes exceeds max_request_bytes={self.cfg.max_request_bytes}")
-            body = await request.body()
-            if len(body) > self.cfg.max_request_bytes:
-                return _too_large(f"request body of {len(body)} bytes exceeds max_request_bytes={self.cfg.max_request_bytes}")
-            try:
-                payload = json.loads(body)
-                if path.endswith("/score"):
-                    media = decode_tensor(payload.get("media"), "media")
-                    prompts = _prompts(payload, len(media), self.cfg.max_request_items)
-                    results = await asyncio.gather(*(self._score_batch((p, m)) for p, m in zip(prompts, media)))
-                    return JSONResponse(*_merge(results))
-                a = decode_tensor(payload.get("media_a"), "media_a")
-                b = decode_tensor(payload.get("media_b"), "media_b")
-                if len(a) != len(b):
-                    raise RewardInputError(f"media_a and media_b must have the same length: got {len(a)} and {len(b)}")
-                prompts = _prompts(payload, len(a), self.cfg.max_request_items)
-                results = await asyncio.gather(*(self._compare_batch((p, x, y)) for p, x, y in zip(prompts, a, b)))
-                return JSONResponse(*_merge(results))
-            except _TooMany as exc:
-                return _too_large(str(exc))
-            except (MMRewardError, ValueError, KeyError, TypeError) as exc:
-                return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
+            limit = self.cfg.max_request_bytes
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise RequestTooLargeError(f"request body of {declared} bytes exceeds max_request_bytes={limit}")
+            payload = parse_json_object(await read_body(request.stream(), limit))
+            items = prepare_request(payload, route, self.reward, max_items=self.cfg.max_request_items,
+                                    request_id=next(self._request_ids))
+            batched = self._score_batch if route == "score" else self._compare_batch
+            body, status = merge_results(await asyncio.gather(*(batched(it) for it in items)))
+            return JSONResponse(body, status_code=status)
 
     # A replica being stopped polls for in-flight requests every graceful_shutdown_wait_loop_s (2 s by
     # default); polling every 0.1 s lets an idle server stop at once and still drains busy ones.
@@ -188,71 +407,90 @@ def build_app(cfg: ServeConfig):
     return RewardDeployment.options(**opts).bind(asdict(cfg))
 
 
-class _TooMany(Exception):
-    pass
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
-def _too_large(msg: str):
-    from starlette.responses import JSONResponse
+def _replica_grpc_on_loopback() -> None:
+    """On a loopback-only Ray node, bind this replica's inter-deployment gRPC server to loopback too.
 
-    return JSONResponse({"error": msg}, status_code=413)
+    Ray Serve binds that server to [::] (every interface) whatever the node IP, when the replica finishes
+    initialising (after our __init__); on a node whose IP is loopback no other host can use it anyway.
+    """
+    import ray
 
+    node_ip = ray.util.get_node_ip_address()
+    if not _is_loopback(node_ip):
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:  # another Ray layout: the listening-socket test will say so
+        return
+    add = getattr(replica, "add_port_to_grpc_server", None)
+    if add is None or getattr(add, "mmreward_loopback", False):
+        return
 
-def _prompts(payload: dict, n: int, limit: int) -> list[str]:
-    if n > limit:
-        raise _TooMany(f"request has {n} items; max_request_items={limit}. Split it into smaller requests.")
-    if n == 0:
-        raise RewardInputError("media: got an empty batch")
-    prompts = payload.get("prompts")
-    if prompts is None or isinstance(prompts, str):
-        return [prompts or ""] * n
-    if not isinstance(prompts, list) or len(prompts) != n or not all(isinstance(p, str) for p in prompts):
-        raise RewardInputError(f"prompts: expected a string or a list of {n} strings")
-    return prompts
+    host = f"[{node_ip}]" if ":" in node_ip else node_ip
 
+    def add_port(server, address: str):
+        if address.startswith("[::]:"):
+            address = f"{host}:{address.removeprefix('[::]:')}"
+        return add(server, address)
 
-def _run_grouped(items, score_fn, *, pairwise: bool, reward: Reward | None = None) -> list[dict]:
-    """Run same-shaped items together; return one per-item dict of floats, in order."""
-    results: list[dict | None] = [None] * len(items)
-    groups: dict[tuple, list[int]] = {}
-    for i, it in enumerate(items):
-        groups.setdefault(tuple(it[1].shape) + (tuple(it[2].shape) if pairwise else ()), []).append(i)
-    for idx in groups.values():
-        prompts = [items[i][0] for i in idx]
-        try:
-            if pairwise:
-                out = reward.compare(prompts, torch.stack([items[i][1] for i in idx]),
-                                     torch.stack([items[i][2] for i in idx]))
-            else:
-                out = score_fn(prompts, torch.stack([items[i][1] for i in idx]))
-            body = _output_json(out)
-            for j, i in enumerate(idx):
-                results[i] = {k: (v[j] if isinstance(v, list) else {d: dv[j] for d, dv in v.items()})
-                              for k, v in body.items()}
-        except MMRewardError as exc:
-            for i in idx:
-                results[i] = {"error": f"{type(exc).__name__}: {exc}"}
-    return results
+    add_port.mmreward_loopback = True
+    replica.add_port_to_grpc_server = add_port
 
 
-def _merge(results: list[dict]) -> tuple[dict, int]:
-    """Per-item results -> (response body, HTTP status); any failed item fails the request with 400."""
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
-        return {"error": errors[0]}, 400
-    out: dict = {k: [r[k] for r in results] for k in results[0] if k != "details"}
-    out["details"] = {d: [r["details"][d] for r in results] for d in results[0].get("details", {})}
-    return out, 200
+@contextmanager
+def _loopback_ray():
+    """Make the Ray node we start use 127.0.0.1 as its IP, so its GCS, raylet, workers and agents bind loopback.
+
+    Ray's servers bind the node IP, and `ray.init(_node_ip_address="127.0.0.1")` alone is rewritten to the
+    machine's external address; Ray keeps loopback only with its local-only mode
+    (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the Windows/macOS default), read by each Ray process at import:
+    set in the environment the Ray processes inherit, and in this already-imported driver.
+    """
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # another Ray layout: the listening-socket test says so
+        yield
+        return
+    var = getattr(ray_constants, "ENABLE_RAY_CLUSTERS_ENV_VAR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    old_env, old_flag = os.environ.get(var), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[var], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_flag
+        if old_env is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old_env
 
 
 def start(cfg: ServeConfig, *, blocking: bool = False, ray_init: dict | None = None):
-    """Start Ray (locally unless RAY_ADDRESS says otherwise), bind the HTTP proxy and deploy."""
+    """Start Ray (locally unless RAY_ADDRESS says otherwise), bind the HTTP proxy and deploy.
+
+    When we start Ray ourselves and `cfg.host` is loopback, Ray's own ports (GCS, raylet, workers, agents)
+    listen on loopback too; the dashboard is not started.
+    """
     from mmreward.errors import require
 
     ray = require("ray", "serve", "the reward server")
     serve = require("ray.serve", "serve", "the reward server")
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **(ray_init or {}))
+        kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False, **(ray_init or {})}
+        ours = not (kwargs.get("address") or os.environ.get("RAY_ADDRESS"))
+        if ours and _is_loopback(cfg.host):
+            with _loopback_ray():
+                ray.init(**kwargs)
+        else:
+            ray.init(**kwargs)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
     serve.run(build_app(cfg), name="mmreward", route_prefix="/", blocking=blocking)
     return f"http://{cfg.host}:{cfg.port}"
