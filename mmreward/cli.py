@@ -161,7 +161,7 @@ def _open_text(path: str, flag: str):
         why = "is a folder" if p.is_dir() else "does not exist"
         raise ConfigError(f"{flag} {path} {why}; pass an existing file")
     try:
-        return open(p, encoding="utf-8")
+        return open(p, encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the first line
     except OSError as exc:
         raise ConfigError(f"{flag} {path}: cannot read it ({exc.strerror})") from exc
 
@@ -563,6 +563,10 @@ def cmd_train_pref(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from mmreward.serve import ServeConfig, start
+    from mmreward.types import check_device
+
+    if args.device is not None:
+        check_device(args.device)  # here, not deep inside a Ray replica
 
     cfg = ServeConfig(
         reward=args.reward, checkpoint=args.checkpoint, weights=args.weights, options=_options(args.option),
@@ -601,8 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(__version__)
             return EXIT_OK
         if args.command is None:
-            parser.print_help(sys.stderr)
-            return EXIT_USAGE
+            raise ConfigError(f"no command given; choose one of {', '.join(COMMANDS)} (see mmreward --help)")
         return COMMANDS[args.command](args)
 
     return run_main(parser, argv, dispatch, "mmreward")

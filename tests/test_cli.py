@@ -182,6 +182,9 @@ def _usage_cases(tmp_path, img):
         "serve_bad_port": (["serve", "--reward", "mock", "--port", "99999"], "port"),
         "serve_bad_option": (["serve", "--reward", "mock", "--option", "oops"], "KEY=VALUE"),
         "serve_no_reward": (["serve"], "--reward"),
+        "serve_bad_device": (["serve", "--reward", "mock", "--device", "banana"], "banana"),
+        "no_command": ([], "no command"),
+        "bad_prompt_text": (["score", "--reward", "mock", "--prompt", "\udcff", str(img)], "surrogate"),
     })
     return cases
 
@@ -199,6 +202,7 @@ _USAGE_CASE_NAMES = [
     "batch_size_text", "max_image_pixels_zero", "unknown_flag", "unknown_command", "pairs_missing", "pairs_missing_b", "pairs_not_json",
     "compare_out_missing_folder", "compare_device_banana", "list_bad_flag", "train_pref_missing_data",
     "train_pref_bad_lr", "train_pref_bad_option", "serve_bad_port", "serve_bad_option", "serve_no_reward",
+    "serve_bad_device", "no_command", "bad_prompt_text",
 ]
 
 
@@ -236,11 +240,13 @@ def test_prompt_count_mismatch_is_a_usage_error_before_scoring(folder, tmp_path,
     (["bench", "--benchmark", "genai-bench-image", "--data", "DATA", "--reward", "mock", "--load-option", "k"], "KEY=VALUE"),
     (["bench", "--benchmark", "genai-bench-image", "--data", "DATA", "--reward", "mock", "--device", "banana"], "banana"),
     (["bench", "--benchmark", "genai-bench-image", "--data", "MISSING", "--reward", "mock"], "MISSING"),
+    (["bench", "--benchmark", "genai-bench-image", "--data", "JUNK", "--reward", "mock"], "junk.json"),
+    ([], "no command"),
     (["bench", "--benchmark", "genai-bench-image", "--data", "DATA", "--reward", "mock", "--orders", "XY"], "orders"),
     (["bench", "--benchmark", "no-such-bench", "--data", "DATA", "--reward", "mock"], "--benchmark"),
     (["bench", "--data", "DATA", "--reward", "mock"], "--benchmark"),
     (["bench", "--benchmark", "genai-bench-image", "--data", "DATA", "--reward", "mock", "--n-boot", "lots"], "--n-boot"),
-], ids=["reward_and_judge", "load_option", "device", "data_missing", "orders", "benchmark_unknown",
+], ids=["reward_and_judge", "load_option", "device", "data_missing", "data_malformed", "no_command", "orders", "benchmark_unknown",
         "benchmark_missing", "n_boot_text"])
 @pytest.mark.parametrize("entry", ["vlm-rm", "vlm-rm-bench"])
 def test_vlm_rm_usage_errors_are_one_line_and_exit_2(argv, fragment, entry, tmp_path, capsys):
@@ -249,8 +255,14 @@ def test_vlm_rm_usage_errors_are_one_line_and_exit_2(argv, fragment, entry, tmp_
 
     data = tmp_path / "data.json"
     data.write_text("[]")
-    argv = [a.replace("DATA", str(data)).replace("MISSING", str(tmp_path / "missing.json")) for a in argv]
-    argv += ["--out", str(tmp_path / "bench_out"), "--quiet"]
+    (tmp_path / "junk.json").write_text("{oops")
+    argv = [a.replace("DATA", str(data)).replace("MISSING", str(tmp_path / "missing.json"))
+            .replace("JUNK", str(tmp_path / "junk.json")) for a in argv]
+    if argv:
+        argv += ["--out", str(tmp_path / "bench_out"), "--quiet"]
+    elif entry != "vlm-rm":
+        fragment = "required: --benchmark"  # vlm_rm.bench.cli.main always runs 'bench'
+
     fragment = fragment.replace("MISSING", "missing.json")
     if entry == "vlm-rm":
         _one_line_usage_error(capsys, vlm_main, argv, fragment)
@@ -360,3 +372,18 @@ def test_jsonl_has_null_instead_of_nan(tmp_path, monkeypatch, capsys):
         rows = [json.loads(line, parse_constant=no_constants) for line in text.splitlines()]
         assert [r["score"] for r in rows] == [None, None, None, 0.5]
         assert all(r.get("colour", None) is None for r in rows)
+
+
+def test_prompt_files_with_a_utf8_bom_read_like_without(folder, tmp_path):
+    """Windows editors prepend a BOM: it must neither break the manifest's first JSON row nor join the prompt."""
+    files = sorted(p for p in folder.rglob("*.png") if "broken" not in p.name)[:2]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps({"prompt": "red", "media": str(f)}) for f in files).encode())
+    out = tmp_path / "m.jsonl.out.jsonl"
+    assert main(["score", "--reward", "mock", "--prompts", str(manifest), "--out", str(out), "--no-progress"]) == 0
+    assert [r["prompt"] for r in _rows(out)] == ["red", "red"]
+    txt = tmp_path / "p.txt"
+    txt.write_bytes(b"\xef\xbb\xbfred\nblue\n")
+    assert main(["score", "--reward", "mock", "--prompts", str(txt), *map(str, files), "--out", str(out),
+                 "--no-progress"]) == 0
+    assert [r["prompt"] for r in _rows(out)] == ["red", "blue"]

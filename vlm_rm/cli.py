@@ -6,10 +6,10 @@ Usage and configuration errors are one line on stderr and exit status 2 (as in t
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from mmreward.cli import OneLineArgumentParser, run_main
+from mmreward.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(__version__)
             return 0
         if args.command is None:
-            parser.print_help(sys.stderr)
-            return 2
+            raise ConfigError("no command given; choose one of: bench (see vlm-rm --help)")
         from vlm_rm.bench.cli import run
 
         return run(args)
