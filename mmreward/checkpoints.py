@@ -240,12 +240,9 @@ def load_strict(
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError(f"device '{device}' requested but CUDA is not available here; use device='cpu'")
-    return dev
+    from mmreward.types import check_device  # one device check for load, .to() and media (types imports us)
+
+    return check_device(device)
 
 
 _DTYPES = {

@@ -2,7 +2,9 @@
 
 Scoring streams: media are read, scored and written a batch at a time, so a folder of any size runs
 in constant memory. A corrupt or unreadable item is written with its error and the run goes on; the
-exit status is 1 when any item failed. Started under `accelerate launch` / torchrun, each process
+exit status is 1 when any item failed. A usage or configuration error (a missing file, a malformed
+manifest row, a bad option or device, prompts that do not match the media) is one line on stderr and
+exit status 2, found before anything is scored. Started under `accelerate launch` / torchrun, each process
 scores every WORLD_SIZE-th item and rank 0 merges one output in input order.
 """
 
@@ -12,17 +14,49 @@ import argparse
 import csv
 import heapq
 import json
+import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from mmreward.errors import MMRewardError
+from mmreward.errors import ConfigError, MMRewardError
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_REWARD = "jpeg-compressibility"
+
+
+# ----------------------------------------------------------------------------------------------
+# one line and exit 2 for every usage error (shared with the vlm-rm CLI)
+# ----------------------------------------------------------------------------------------------
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block before its error; we print the error and where to look."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(message: object) -> str:
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def run_main(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, dispatch, prog: str
+) -> int:
+    """Parse and dispatch; the one place where typed errors become one stderr line and exit status 2."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error already printed (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        return dispatch(args)
+    except MMRewardError as exc:
+        command = getattr(args, "command", None)
+        print(f"{prog}{' ' + command if command else ''}: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -36,12 +70,14 @@ def _add_model_args(p: argparse.ArgumentParser, default_reward: str | None = DEF
     p.add_argument("--weights", default="pretrained", choices=["pretrained", "random"])
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="extra loader option (JSON value)")
     p.add_argument("--batch-size", type=int, default=16, help="items scored per forward (default 16)")
+    p.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
+                   help="image files above N pixels fail as items, before decoding (default 8192x8192)")
     p.add_argument("--out", help="output file: .jsonl or .csv (default: JSON lines on stdout)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmreward", description="Score images and videos with reward models")
+    parser = OneLineArgumentParser(prog="mmreward", description="Score images and videos with reward models")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
 
@@ -102,12 +138,12 @@ def _add_train_serve_parsers(sub) -> None:
     s.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
 
 
-def _options(pairs: Sequence[str]) -> dict[str, Any]:
+def _options(pairs: Sequence[str], flag: str = "--option") -> dict[str, Any]:
     out = {}
     for item in pairs:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise MMRewardError(f"--option expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"{flag} expects KEY=VALUE (VALUE read as JSON), got {item!r}")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -118,38 +154,147 @@ def _options(pairs: Sequence[str]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # inputs
 # ----------------------------------------------------------------------------------------------
-def _iter_jobs(args: argparse.Namespace) -> Iterator[tuple[int, str, str]]:
-    """(index, media path, prompt) in input order, lazily."""
-    from mmreward.media import iter_media_files
+def _open_text(path: str, flag: str):
+    """A UTF-8 text file named by a flag, or a ConfigError that says which flag and why."""
+    p = Path(path)
+    if not p.is_file():
+        why = "is a folder" if p.is_dir() else "does not exist"
+        raise ConfigError(f"{flag} {path} {why}; pass an existing file")
+    try:
+        return open(p, encoding="utf-8-sig")  # a BOM (Windows editors) is not part of the first line
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot read it ({exc.strerror})") from exc
 
-    if args.prompts and Path(args.prompts).suffix == ".jsonl":
+
+def _text_lines(path: str, flag: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line without its newline), lazily; undecodable bytes are a ConfigError."""
+    with _open_text(path, flag) as fh:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, start=1):
+                yield lineno, line.rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{flag} {path} line {lineno + 1} is not UTF-8 text ({exc.reason}); re-save the file as UTF-8"
+            ) from exc
+
+
+def _jsonl_rows(path: str, flag: str, media_keys: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """Validated rows of a JSONL file: media_keys are required strings, 'prompt' an optional string."""
+    from mmreward.errors import RewardInputError
+    from mmreward.types import normalize_prompts
+
+    shape = "{" + ", ".join(f'"{k}": "..."' for k in ("prompt", *media_keys)) + "}"
+    for lineno, line in _text_lines(path, flag):
+        if not line.strip():
+            continue
+        where = f"{flag} {path} line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not JSON ({exc.msg}); each line must be an object like {shape}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: expected a JSON object like {shape}, got {type(row).__name__}")
+        for key in media_keys:
+            if not isinstance(row.get(key), str) or not row[key]:
+                got = "nothing" if key not in row else repr(row[key])
+                raise ConfigError(f"{where}: '{key}' must be a media path (a string), got {got}; rows look like {shape}")
+        prompt = row.get("prompt", "")
+        if not isinstance(prompt, str):
+            raise ConfigError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+        try:
+            normalize_prompts(prompt, 1, required=False)
+        except RewardInputError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        yield lineno, {"prompt": prompt, **{k: row[k] for k in media_keys}}
+
+
+def _is_manifest(args: argparse.Namespace) -> bool:
+    return bool(args.prompts) and Path(args.prompts).suffix == ".jsonl"
+
+
+def _check_jobs(args: argparse.Namespace) -> None:
+    """Read every input once before scoring (constant memory), so that usage errors come before any output."""
+    from mmreward.media import iter_media_files
+    from mmreward.types import normalize_prompts
+
+    if args.prompt is not None:
+        normalize_prompts(args.prompt, 1, required=False)
+    if _is_manifest(args):
         if args.media:
-            raise MMRewardError("--prompts manifest.jsonl already names the media; do not also pass MEDIA paths")
-        with open(args.prompts) as fh:
-            for i, line in enumerate(row for row in fh if row.strip()):
-                try:
-                    row = json.loads(line)
-                    yield i, str(row["media"]), str(row.get("prompt", ""))
-                except (json.JSONDecodeError, KeyError) as exc:
-                    raise MMRewardError(f"{args.prompts} line {i + 1}: expected {{'prompt', 'media'}} JSON ({exc})") from exc
+            raise ConfigError("--prompts manifest.jsonl already names the media; do not also pass MEDIA paths")
+        if not sum(1 for _ in _jsonl_rows(args.prompts, "--prompts", ("media",))):  # every row, not just one
+            raise ConfigError(f"--prompts {args.prompts} has no rows; add {{\"prompt\", \"media\"}} lines")
         return
     if not args.media:
-        raise MMRewardError("no media given: pass image/video files or folders, or --prompts manifest.jsonl")
+        raise ConfigError("no media given: pass image/video files or folders, or --prompts manifest.jsonl")
+    if args.prompts:
+        n_prompts = sum(1 for _ in _text_lines(args.prompts, "--prompts"))
+        n_media = sum(1 for _ in iter_media_files(args.media))
+        if n_prompts != n_media:
+            raise ConfigError(
+                f"--prompts {args.prompts} has {n_prompts} lines but {n_media} media items were given; "
+                "give exactly one prompt per line per item, in media order"
+            )
+
+
+def _iter_jobs(args: argparse.Namespace) -> Iterator[tuple[int, str, str]]:
+    """(index, media path, prompt) in input order, lazily; `_check_jobs` has validated the inputs."""
+    from mmreward.media import iter_media_files
+
+    if _is_manifest(args):
+        for i, (_, row) in enumerate(_jsonl_rows(args.prompts, "--prompts", ("media",))):
+            yield i, row["media"], row["prompt"]
+        return
     files = iter_media_files(args.media)
     if args.prompts:
-        prompts = Path(args.prompts).read_text().splitlines()
-        count = 0
-        for count, (path, prompt) in enumerate(zip(files, prompts), start=1):
-            yield count - 1, str(path), prompt
-        leftover = next(files, None)
-        if leftover is not None or count != len(prompts):
-            raise MMRewardError(
-                f"--prompts has {len(prompts)} lines but the media list has "
-                f"{'more' if leftover is not None else count} items; give one prompt per item"
-            )
+        for i, (path, (_, prompt)) in enumerate(zip(files, _text_lines(args.prompts, "--prompts"))):
+            yield i, str(path), prompt
         return
     for i, path in enumerate(files):
         yield i, str(path), args.prompt or ""
+
+
+def _check_out(out: str | None) -> None:
+    if not out:
+        return
+    if not out.endswith((".jsonl", ".csv")):
+        raise ConfigError(f"--out must end in .jsonl or .csv, got {out!r}")
+    p = Path(out)
+    if p.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file name ending in .jsonl or .csv")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: folder {parent} does not exist; create it first (mkdir -p {parent})")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"--out {out}: folder {parent} is not writable; pick another path")
+
+
+def _image_cap(args: argparse.Namespace) -> dict[str, int]:
+    if args.max_image_pixels is None:
+        return {}
+    if args.max_image_pixels < 1:
+        raise ConfigError(f"--max-image-pixels must be >= 1, got {args.max_image_pixels}")
+    return {"max_image_pixels": args.max_image_pixels}
+
+
+def _load_reward(args: argparse.Namespace):
+    import mmreward
+
+    options = _options(args.option)
+    try:
+        return mmreward.load(args.reward, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype,
+                             weights=args.weights, **options)
+    except MMRewardError:
+        raise
+    except (TypeError, ValueError) as exc:
+        if not options:
+            raise  # a bug, not a usage error: keep the traceback
+        # loaders take their options as keyword arguments: unknown names and wrong types land here
+        raise ConfigError(
+            f"--option {' '.join(args.option)}: reward '{args.reward}' rejected these loader options ({exc}); "
+            "check the option names and value types of this reward"
+        ) from exc
 
 
 def _shard(jobs: Iterable[tuple[int, str, str]], rank: int, world: int):
@@ -172,7 +317,7 @@ def _batched(it: Iterable, n: int) -> Iterator[list]:
 # ----------------------------------------------------------------------------------------------
 # scoring
 # ----------------------------------------------------------------------------------------------
-def _score_batch(reward, jobs: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
+def _score_batch(reward, jobs: list[tuple[int, str, str]], **media_options: Any) -> list[dict[str, Any]]:
     """Score a batch; an item that cannot be read, or that makes the model fail, gets its error recorded."""
     from mmreward import media as media_io
 
@@ -182,7 +327,7 @@ def _score_batch(reward, jobs: list[tuple[int, str, str]]) -> list[dict[str, Any
     for job in jobs:
         idx, path, prompt = job
         try:
-            item = media_io.to_batch([path], modality=modality, alpha=reward.media_alpha)
+            item = media_io.to_batch([path], modality=modality, alpha=reward.media_alpha, **media_options)
             loaded.append(item[0])
             ok_jobs.append(job)
         except (MMRewardError, OSError) as exc:
@@ -211,24 +356,59 @@ def _score_batch(reward, jobs: list[tuple[int, str, str]]) -> list[dict[str, Any
     return [rows[j[0]] for j in jobs]
 
 
-class _Writer:
-    """Writes rows as JSONL or CSV; CSV columns are fixed by the first row (later extra keys are dropped)."""
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities are not JSON: write null (an empty CSV cell)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
-    def __init__(self, path: str | None, stack: ExitStack):
+
+class _Writer:
+    """Writes rows as JSONL (streamed) or CSV.
+
+    CSV columns are the union over all rows (a failed first row has no detail columns), so rows are
+    buffered as JSONL in a temporary file next to the output and the CSV is written, then renamed into
+    place, at `close()`: constant memory, and an interrupted run leaves no half-written CSV.
+    """
+
+    def __init__(self, path: str | None, stack: ExitStack, jsonl: bool = False):
         self.path = path
-        self.fh = stack.enter_context(open(path, "w", newline="")) if path else sys.stdout
-        self.is_csv = bool(path) and path.endswith(".csv")
-        self.csv: csv.DictWriter | None = None
+        self.is_csv = bool(path) and path.endswith(".csv") and not jsonl
+        self.columns: dict[str, None] = {}  # an ordered set
+        self._tmp: list[str] = []
+        stack.callback(self._remove_tmp)
+        if self.is_csv:
+            self.fh = stack.enter_context(self._tmp_file(".rows.jsonl"))
+        else:
+            self.fh = stack.enter_context(open(path, "w", encoding="utf-8")) if path else sys.stdout
+
+    def _tmp_file(self, suffix: str):
+        out = Path(self.path)
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent)
+        self._tmp.append(name)
+        return open(fd, "w", encoding="utf-8", newline="")
+
+    def _remove_tmp(self) -> None:
+        for name in self._tmp:
+            if os.path.exists(name):
+                os.remove(name)
 
     def write(self, row: dict[str, Any]) -> None:
+        row = {k: _json_safe(v) for k, v in row.items()}
+        self.columns.update(dict.fromkeys(row))
+        self.fh.write(json.dumps(row, allow_nan=False) + "\n")
         if not self.is_csv:
-            self.fh.write(json.dumps(row) + "\n")
+            self.fh.flush()
+
+    def close(self) -> None:
+        """Finish the output (for CSV: write it with every column, then rename it into place)."""
+        if not self.is_csv:
             return
-        if self.csv is None:
-            self.csv = csv.DictWriter(self.fh, fieldnames=list(row), extrasaction="ignore")
-            self.csv.writeheader()
-        self.csv.writerow(row)
-        self.fh.flush()
+        self.fh.close()
+        with open(self._tmp[0], encoding="utf-8") as rows, self._tmp_file(".csv") as out:
+            writer = csv.DictWriter(out, fieldnames=list(self.columns), restval="")
+            writer.writeheader()
+            for line in rows:
+                writer.writerow(json.loads(line))
+        os.replace(self._tmp[1], self.path)
 
 
 def _dist_info() -> tuple[int, int]:
@@ -238,12 +418,11 @@ def _dist_info() -> tuple[int, int]:
 def cmd_score(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    import mmreward
-
     if args.batch_size < 1:
-        raise MMRewardError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.out and not args.out.endswith((".jsonl", ".csv")):
-        raise MMRewardError(f"--out must end in .jsonl or .csv, got {args.out!r}")
+        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    media_options = _image_cap(args)
+    _check_out(args.out)
+    _check_jobs(args)
     rank, world = _dist_info()
     state = None
     if world > 1:
@@ -251,26 +430,23 @@ def cmd_score(args: argparse.Namespace) -> int:
 
         state = PartialState(cpu=not _cuda())
         rank, world = state.process_index, state.num_processes
-    reward = mmreward.load(
-        args.reward, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype, weights=args.weights,
-        **_options(args.option),
-    )
+    reward = _load_reward(args)
     if reward.requires_prompt and not (args.prompt or args.prompts):
-        raise MMRewardError(f"reward '{reward.name}' needs prompts: pass --prompt TEXT or --prompts FILE")
+        raise ConfigError(f"reward '{reward.name}' needs prompts: pass --prompt TEXT or --prompts FILE")
     jobs = _shard(_iter_jobs(args), rank, world)
     out_path = args.out if world == 1 else (f"{args.out or 'mmreward-scores.jsonl'}.rank{rank}.part")
     failed = 0
     with ExitStack() as stack:
-        writer = _Writer(out_path if world > 1 else args.out, stack)
-        if world > 1:
-            writer.is_csv = False  # parts are JSONL; rank 0 writes the final format
+        # parts are JSONL; rank 0 writes the final format
+        writer = _Writer(out_path if world > 1 else args.out, stack, jsonl=world > 1)
         bar = stack.enter_context(tqdm(desc=f"scoring [{rank}/{world}]" if world > 1 else "scoring", unit="item",
                                        disable=args.no_progress, file=sys.stderr))
         for batch in _batched(jobs, args.batch_size):
-            for row in _score_batch(reward, batch):
+            for row in _score_batch(reward, batch, **media_options):
                 failed += row["error"] is not None
                 writer.write(row)
             bar.update(len(batch))
+        writer.close()
     if world > 1:
         failed = _merge_parts(state, args.out, world, failed)
     if failed:
@@ -300,6 +476,7 @@ def _merge_parts(state, out: str | None, world: int, failed_here: int) -> int:
             writer = _Writer(out, stack)
             for row in heapq.merge(*streams, key=lambda r: r["index"]):
                 writer.write(row)
+            writer.close()
         for p in parts:
             os.remove(p)
     state.wait_for_everyone()
@@ -307,18 +484,23 @@ def _merge_parts(state, out: str | None, world: int, failed_here: int) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    import mmreward
+    from mmreward.types import normalize_prompts
 
+    media_options = _image_cap(args)
+    _check_out(args.out)
     if args.pairs:
-        rows = [json.loads(line) for line in Path(args.pairs).read_text().splitlines() if line.strip()]
+        if args.a or args.b or args.prompt is not None:
+            raise ConfigError("--pairs FILE.jsonl already names the prompts and media; do not also pass --prompt, A or B")
+        n_pairs = sum(1 for _ in _jsonl_rows(args.pairs, "--pairs", ("a", "b")))  # validate before loading
+        if not n_pairs:
+            raise ConfigError(f"--pairs {args.pairs} has no rows; add {{\"prompt\", \"a\", \"b\"}} lines")
+        rows: Iterable[dict[str, str]] = (row for _, row in _jsonl_rows(args.pairs, "--pairs", ("a", "b")))
     elif args.a and args.b:
+        normalize_prompts(args.prompt or "", 1, required=False)
         rows = [{"prompt": args.prompt or "", "a": args.a, "b": args.b}]
     else:
-        raise MMRewardError("compare needs two media A B (with --prompt), or --pairs FILE.jsonl")
-    reward = mmreward.load(
-        args.reward, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype, weights=args.weights,
-        **_options(args.option),
-    )
+        raise ConfigError("compare needs two media A B (with --prompt), or --pairs FILE.jsonl")
+    reward = _load_reward(args)
     modality = reward.modalities[0] if len(reward.modalities) == 1 else "auto"
     failed = 0
     with ExitStack() as stack:
@@ -328,14 +510,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
             try:
                 from mmreward import media as media_io
 
-                a = media_io.to_batch([row["a"]], modality=modality, alpha=reward.media_alpha)
-                b = media_io.to_batch([row["b"]], modality=modality, alpha=reward.media_alpha)
+                a = media_io.to_batch([row["a"]], modality=modality, alpha=reward.media_alpha, **media_options)
+                b = media_io.to_batch([row["b"]], modality=modality, alpha=reward.media_alpha, **media_options)
                 res = reward.compare([out_row["prompt"]], a, b)
                 out_row.update(prob_a=float(res.prob_a[0]), error=None)
             except MMRewardError as exc:
                 out_row.update(prob_a=None, error=str(exc))
                 failed += 1
             writer.write(out_row)
+        writer.close()
     return EXIT_ITEM_FAILED if failed else EXIT_OK
 
 
@@ -369,7 +552,7 @@ def cmd_train_pref(args: argparse.Namespace) -> int:
 
     cfg = PrefTrainConfig(
         data=args.data, out=args.out, backbone=args.backbone, backbone_checkpoint=args.backbone_checkpoint,
-        backbone_weights=args.backbone_weights, backbone_options=_options(args.backbone_option), head=args.head,
+        backbone_weights=args.backbone_weights, backbone_options=_options(args.backbone_option, "--backbone-option"), head=args.head,
         lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, val_fraction=args.val_fraction, seed=args.seed,
         cpu=args.cpu,
     )
@@ -380,6 +563,10 @@ def cmd_train_pref(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from mmreward.serve import ServeConfig, start
+    from mmreward.types import check_device
+
+    if args.device is not None:
+        check_device(args.device)  # here, not deep inside a Ray replica
 
     cfg = ServeConfig(
         reward=args.reward, checkpoint=args.checkpoint, weights=args.weights, options=_options(args.option),
@@ -410,17 +597,15 @@ COMMANDS = {"list": cmd_list, "score": cmd_score, "compare": cmd_compare, "train
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.version:
-        from mmreward import __version__
 
-        print(__version__)
-        return EXIT_OK
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    try:
+    def dispatch(args: argparse.Namespace) -> int:
+        if args.version:
+            from mmreward import __version__
+
+            print(__version__)
+            return EXIT_OK
+        if args.command is None:
+            raise ConfigError(f"no command given; choose one of {', '.join(COMMANDS)} (see mmreward --help)")
         return COMMANDS[args.command](args)
-    except MMRewardError as exc:
-        print(f"mmreward {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+
+    return run_main(parser, argv, dispatch, "mmreward")

@@ -49,3 +49,10 @@ def require(module: str, extra: str, feature: str):
             f"{feature} needs the optional package '{module}', which is not installed. "
             f"Install it with: pip install 'mmreward[{extra}]'"
         ) from exc
+
+
+class DeviceError(ConfigError, CheckpointError):
+    """A device string that torch does not know, or a device this machine does not have.
+
+    Also a CheckpointError because loading raised that for an unavailable CUDA before this type existed.
+    """

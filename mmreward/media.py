@@ -32,6 +32,64 @@ Alpha = Literal["drop", "white", "black", "keep"]
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".gif", ".m4v"}
 _RANGE_TOLERANCE = 1e-3
+# Image files above this many pixels are rejected from their header, before PIL allocates anything: a
+# 74-byte PNG can claim 20000x20000 (1.2 GB as RGB, 4.8 GB as float), and no reward looks at more than a
+# few megapixels. 8192x8192 leaves room for any real photo or generated image.
+MAX_IMAGE_PIXELS = 8192 * 8192
+
+
+def check_value_range(value_range: Any) -> ValueRange | None:
+    """None, or a (low, high) pair of finite numbers with high > low, as a tuple of floats."""
+    if value_range is None:
+        return None
+    hint = "pass value_range=(low, high) with finite numbers and high > low, e.g. (0, 255) or (-1, 1)"
+    if isinstance(value_range, (str, bytes)) or not hasattr(value_range, "__len__") or len(value_range) != 2:
+        raise RewardInputError(f"value_range: expected a pair (low, high), got {value_range!r}; {hint}")
+    try:
+        if any(isinstance(v, (str, bytes, bool)) for v in value_range):
+            raise TypeError
+        lo, hi = float(value_range[0]), float(value_range[1])
+    except (TypeError, ValueError):
+        raise RewardInputError(f"value_range: expected two numbers, got {value_range!r}; {hint}") from None
+    if not (np.isfinite(lo) and np.isfinite(hi)) or not hi > lo:
+        raise RewardInputError(f"value_range: got ({lo:g}, {hi:g}); {hint}")
+    return lo, hi
+
+
+def _check_max_image_pixels(max_image_pixels: Any) -> None:
+    if max_image_pixels is not None and (
+        isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, (int, np.integer)) or max_image_pixels < 1
+    ):
+        raise RewardInputError(f"max_image_pixels: expected a positive int or None, got {max_image_pixels!r}")
+
+
+def _check_image_pixels(size: tuple[int, int], max_image_pixels: int | None, what: str) -> None:
+    """Reject an image from its (width, height) alone, so that nothing is decoded or allocated first."""
+    w, h = size
+    if max_image_pixels is not None and w * h > max_image_pixels:
+        raise MediaError(
+            f"{what}: image is {w}x{h} = {w * h} pixels, above max_image_pixels={max_image_pixels}; "
+            "downscale it first, or pass a larger max_image_pixels (None for no cap)"
+        )
+
+
+def _check_not_empty(t: torch.Tensor, what: str, video: bool = False) -> torch.Tensor:
+    """Rewards divide by H, W and T (resize ratios, means): a zero-size medium is an input error here."""
+    if t.shape[-1] == 0 or t.shape[-2] == 0:
+        raise MediaError(f"{what}: image has 0 pixels (shape {tuple(t.shape)}); every image needs H, W >= 1")
+    if video and t.ndim >= 4 and t.shape[-4] == 0:
+        raise MediaError(f"{what}: video has 0 frames (shape {tuple(t.shape)}); every video needs T >= 1")
+    return t
+
+
+def _check_exists(p: Path, kind: str) -> None:
+    if p.exists():
+        return
+    if p.is_symlink():  # exists() follows the link: a dangling or looping link lands here
+        raise MediaError(
+            f"{kind} file {p} is a broken or looping symbolic link (-> {os.readlink(p)}); fix or remove the link"
+        )
+    raise MediaError(f"{kind} file not found: {p}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -39,6 +97,7 @@ _RANGE_TOLERANCE = 1e-3
 # ----------------------------------------------------------------------------------------------
 def _to_unit_range(x: torch.Tensor, value_range: ValueRange | None, what: str) -> torch.Tensor:
     """Map integer or float pixel data to float in [0, 1] according to an explicit convention."""
+    value_range = check_value_range(value_range)
     if x.dtype == torch.uint8:
         if value_range not in (None, (0, 255)):
             raise MediaError(f"{what}: uint8 data is always 0-255, but value_range={value_range} was given")
@@ -52,9 +111,7 @@ def _to_unit_range(x: torch.Tensor, value_range: ValueRange | None, what: str) -
         x = x.float()
     if not x.is_floating_point():
         raise MediaError(f"{what}: expected uint8 or float pixel data, got dtype {x.dtype}")
-    lo, hi = (0.0, 1.0) if value_range is None else (float(value_range[0]), float(value_range[1]))
-    if not hi > lo:
-        raise MediaError(f"{what}: value_range must be (low, high) with high > low, got {value_range}")
+    lo, hi = (0.0, 1.0) if value_range is None else value_range
     if x.numel():
         with torch.no_grad():
             if not bool(torch.isfinite(x).all()):
@@ -122,22 +179,46 @@ def _pil_to_tensor(img: Any, alpha: str, what: str) -> torch.Tensor:
     return _fix_channels(t.float() / 255.0, alpha, what)
 
 
-def read_image(path: str | os.PathLike, alpha: Alpha = "drop") -> torch.Tensor:
-    """Read an image file to a (3, H, W) float tensor in [0, 1] ((4, H, W) for transparent RGBA and alpha="keep")."""
-    from PIL import Image, UnidentifiedImageError
+def read_image(
+    path: str | os.PathLike,
+    alpha: Alpha = "drop",
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> torch.Tensor:
+    """Read an image file to a (3, H, W) float tensor in [0, 1] ((4, H, W) for transparent RGBA and alpha="keep").
 
+    Files whose header claims more than `max_image_pixels` pixels are rejected before decoding (None: no
+    cap of ours; PIL's own decompression-bomb limit, `PIL.Image.MAX_IMAGE_PIXELS`, still applies).
+    """
+    import re
+
+    from PIL import Image
+
+    _check_max_image_pixels(max_image_pixels)
     p = Path(path)
-    if not p.exists():
-        raise MediaError(f"image file not found: {p}")
+    _check_exists(p, "image")
     try:
-        with Image.open(p) as img:
+        with Image.open(p) as img:  # reads the header only
+            _check_image_pixels(img.size, max_image_pixels, str(p))
             img.load()
-            return _pil_to_tensor(img, alpha, str(p))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            return _check_not_empty(_pil_to_tensor(img, alpha, str(p)), str(p))
+    except MediaError:
+        raise
+    except Image.DecompressionBombError as exc:
+        n = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{n.group(1)} pixels" if n else "too many pixels"
+        raise MediaError(
+            f"{p}: image has {size}, more than PIL decodes (a decompression bomb?); PIL refused it: {exc}"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - PIL's plugins raise a zoo of types on corrupt files
         raise MediaError(f"cannot read image {p}: {exc} (is the file corrupt or not an image?)") from exc
 
 
 def _numpy_to_tensor(arr: np.ndarray, value_range: ValueRange | None, alpha: str, what: str) -> torch.Tensor:
+    if arr.dtype.kind not in "biuf":
+        raise MediaError(
+            f"{what}: numpy arrays of dtype {arr.dtype} are not pixel data (dtype object comes from ragged or mixed "
+            "lists); pass a list of images, or convert with arr.astype(np.uint8) / arr.astype(np.float32)"
+        )
     if arr.ndim == 2:
         arr = arr[:, :, None]
     if arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4):
@@ -150,7 +231,11 @@ def _numpy_to_tensor(arr: np.ndarray, value_range: ValueRange | None, alpha: str
     elif arr.dtype == np.bool_:
         t = torch.from_numpy(arr.astype(np.float32))
     else:
-        t = _to_unit_range(torch.from_numpy(np.ascontiguousarray(arr)), value_range, what)
+        try:
+            raw = torch.from_numpy(np.ascontiguousarray(arr))
+        except TypeError as exc:  # float128, uint64 ... have no torch dtype
+            raise MediaError(f"{what}: numpy dtype {arr.dtype} is not supported; convert to uint8 or float32") from exc
+        t = _to_unit_range(raw, value_range, what)
     return _fix_channels(t.movedim(-1, -3), alpha, what)
 
 
@@ -165,14 +250,25 @@ def _tensor_to_unit(t: torch.Tensor, value_range: ValueRange | None, alpha: str,
     return _fix_channels(_to_unit_range(t, value_range, what), alpha, what)
 
 
-def load_image(item: Any, value_range: ValueRange | None = None, alpha: Alpha = "drop") -> torch.Tensor:
-    """One image from a path, PIL image, numpy HW/HWC array or CHW tensor -> (3, H, W) in [0, 1]."""
+def load_image(
+    item: Any,
+    value_range: ValueRange | None = None,
+    alpha: Alpha = "drop",
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> torch.Tensor:
+    """One image from a path, PIL image, numpy HW/HWC array or CHW tensor -> (3, H, W) in [0, 1].
+
+    `max_image_pixels` caps files and PIL images (see `read_image`); arrays and tensors are already in memory.
+    """
     from PIL import Image
 
+    value_range = check_value_range(value_range)
+    _check_max_image_pixels(max_image_pixels)
     if isinstance(item, (str, os.PathLike)):
-        return read_image(item, alpha)
+        return read_image(item, alpha, max_image_pixels)
     if isinstance(item, Image.Image):
-        return _pil_to_tensor(item, alpha, "image")
+        _check_image_pixels(item.size, max_image_pixels, "image")
+        return _check_not_empty(_pil_to_tensor(item, alpha, "image"), "image")
     if isinstance(item, np.ndarray):
         t = _numpy_to_tensor(item, value_range, alpha, "image")
     elif isinstance(item, torch.Tensor):
@@ -183,7 +279,7 @@ def load_image(item: Any, value_range: ValueRange | None = None, alpha: Alpha = 
         )
     if t.ndim != 3:
         raise MediaError(f"image: expected a single image (3 dims after conversion), got shape {tuple(t.shape)}")
-    return t
+    return _check_not_empty(t, "image")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,8 +372,7 @@ def read_video(
 ) -> torch.Tensor:
     """Decode a video file to (T, 3, H, W) float in [0, 1], keeping only the sampled frames."""
     p = Path(path)
-    if not p.exists():
-        raise MediaError(f"video file not found: {p}")
+    _check_exists(p, "video")
     backends = available_video_backends()
     if backend == "auto":
         if not backends:
@@ -324,6 +419,7 @@ def cap_pixels(x: torch.Tensor, max_pixels: int) -> torch.Tensor:
 
 def load_video(item: Any, value_range: ValueRange | None = None, **video_options: Any) -> torch.Tensor:
     """One video from a path, a (T, C, H, W) tensor, a THWC numpy array or a list of frames -> (T, 3, H, W)."""
+    value_range = check_value_range(value_range)
     if isinstance(item, (str, os.PathLike)):
         return read_video(item, **video_options)
     if isinstance(item, np.ndarray):
@@ -338,6 +434,7 @@ def load_video(item: Any, value_range: ValueRange | None = None, **video_options
         t = torch.stack([load_image(f, value_range) for f in item])
     else:
         raise MediaError(f"video: expected a path, tensor, numpy array or list of frames, got {type(item).__name__}")
+    _check_not_empty(t, "video", video=True)
     n = video_options.get("num_frames")
     if n is not None:
         t = t[sample_frame_indices(t.shape[0], n, sampling=video_options.get("sampling", "uniform"))]
@@ -363,13 +460,21 @@ def to_batch(
     value_range: ValueRange | None = None,
     device: torch.device | str | None = None,
     alpha: Alpha = "drop",
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     **video_options: Any,
 ) -> MediaBatch:
     """Any accepted media -> a batch in the tensor convention (see module docstring).
 
     A single tensor is a batch when it has a batch axis: BCHW for images, BTCHW for videos; a CHW
-    tensor is one image. Lists may mix paths, PIL images, arrays and tensors.
+    tensor is one image. Lists may mix paths, PIL images, arrays and tensors. Image files and PIL
+    images above `max_image_pixels` are rejected (see `read_image`); `max_pixels` downscales videos.
     """
+    value_range = check_value_range(value_range)
+    _check_max_image_pixels(max_image_pixels)
+    if device is not None:
+        from mmreward.types import check_device  # types imports this module
+
+        device = check_device(device)
     if isinstance(media, torch.Tensor):
         if modality == "auto":
             modality = "video" if media.ndim == 5 else "image"
@@ -381,9 +486,10 @@ def to_batch(
             raise MediaError(
                 f"media: {modality} batches as one tensor must have shape {layout}, got {tuple(media.shape)}"
             )
-        out: MediaBatch = _tensor_to_unit(media, value_range, alpha, "media")
+        out: MediaBatch = _check_not_empty(_tensor_to_unit(media, value_range, alpha, "media"), "media",
+                                           video=modality == "video")
     elif isinstance(media, np.ndarray) and media.ndim == 4 and modality == "image":
-        out = _numpy_to_tensor(media, value_range, alpha, "media")
+        out = _check_not_empty(_numpy_to_tensor(media, value_range, alpha, "media"), "media")
     else:
         if isinstance(media, (str, os.PathLike)) or not isinstance(media, Sequence):
             media = [media]
@@ -396,7 +502,7 @@ def to_batch(
                 if kind == "video":
                     items.append(load_video(item, value_range, **video_options))
                 else:
-                    items.append(load_image(item, value_range, alpha))
+                    items.append(load_image(item, value_range, alpha, max_image_pixels))
             except MediaError as exc:
                 raise MediaError(f"media[{i}]: {exc}") from exc
         out = stack_if_same_size(items)
@@ -424,7 +530,9 @@ def iter_media_files(paths: Sequence[str | os.PathLike], recursive: bool = True)
         if p.is_dir():
             pattern = "**/*" if recursive else "*"
             for f in sorted(p.glob(pattern)):
-                if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES:
+                # a dangling or looping link is yielded so that it fails as an item instead of vanishing
+                broken_link = f.is_symlink() and not f.exists()
+                if (f.is_file() or broken_link) and f.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES:
                     yield f
         else:
             yield p

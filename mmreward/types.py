@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from mmreward import media as media_io
-from mmreward.errors import RewardInputError, RewardValueError
+from mmreward.errors import DeviceError, RewardInputError, RewardValueError
 from mmreward.functional.aggregation import bradley_terry_prob
 
 Prompts = str | Sequence[str] | None
@@ -66,6 +66,46 @@ class PairwiseOutput:
         return 1.0 - self.prob_a
 
 
+def check_device(device: str | torch.device | int | None) -> torch.device:
+    """A device torch knows and this machine has; None or "auto" -> cuda when available, else cpu."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    hint = "use 'cpu', 'cuda', 'cuda:N' or 'mps' (or None for the default)"
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise DeviceError(f"device: {device!r} is not a device; {hint}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise DeviceError(f"device: {device!r} is not a device; {hint}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device '{device}' requested but CUDA is not available here; use device='cpu'")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceError(
+                f"device '{device}': this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1}); "
+                "pick one of those, or set CUDA_VISIBLE_DEVICES"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device '{device}' requested but MPS is not available here; use device='cpu'")
+    elif dev.type not in ("cpu", "meta"):
+        backend = getattr(torch, dev.type, None)  # xpu, hpu, ... expose is_available() like cuda
+        if backend is None or (hasattr(backend, "is_available") and not backend.is_available()):
+            raise DeviceError(f"device '{device}' requested but {dev.type} is not available here; {hint}")
+    return dev
+
+
+def _check_encodable(prompt: str, where: str) -> None:
+    """Tokenizers and HTTP judges need UTF-8; a lone surrogate (e.g. from a bad decode) cannot be encoded."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RewardInputError(
+            f"prompts: {where} contains a lone surrogate {prompt[exc.start]!r} at character {exc.start}, which is "
+            "not valid Unicode text; decode the source with errors='replace' or remove the character"
+        ) from None
+
+
 def normalize_prompts(prompts: Prompts, batch_size: int, required: bool = True) -> list[str]:
     """One prompt per item: a single string is broadcast, a list must match the batch exactly."""
     if prompts is None:
@@ -75,6 +115,7 @@ def normalize_prompts(prompts: Prompts, batch_size: int, required: bool = True) 
             )
         return [""] * batch_size
     if isinstance(prompts, str):
+        _check_encodable(prompts, "the prompt")
         return [prompts] * batch_size
     if not isinstance(prompts, Sequence):
         raise RewardInputError(f"prompts: expected a string or a list of strings, got {type(prompts).__name__}")
@@ -89,6 +130,8 @@ def normalize_prompts(prompts: Prompts, batch_size: int, required: bool = True) 
             f"prompts and media must have the same length: got {len(prompts)} prompts for {batch_size} "
             "media items. Pass one prompt per item, or a single string to use for all."
         )
+    for i, p in enumerate(prompts):
+        _check_encodable(p, f"prompt {i}")
     return prompts
 
 
@@ -115,8 +158,8 @@ class Reward(torch.nn.Module):
 
     def __init__(self, *, micro_batch_size: int = 32) -> None:
         super().__init__()
-        if micro_batch_size < 1:
-            raise RewardInputError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise RewardInputError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
         self.micro_batch_size = micro_batch_size
 
     # -- to implement -------------------------------------------------------------------------
@@ -124,6 +167,14 @@ class Reward(torch.nn.Module):
         raise NotImplementedError
 
     # -- public API ---------------------------------------------------------------------------
+    def to(self, *args: Any, **kwargs: Any) -> Reward:
+        """nn.Module.to, with the device checked first so that a bad one is a DeviceError, not a torch crash."""
+        if kwargs.get("device") is not None:
+            kwargs["device"] = check_device(kwargs["device"])
+        elif args and args[0] is not None and not isinstance(args[0], (torch.dtype, torch.Tensor)):
+            args = (check_device(args[0]), *args[1:])
+        return super().to(*args, **kwargs)
+
     @property
     def device(self) -> torch.device:
         for t in self.parameters():

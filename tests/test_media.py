@@ -173,3 +173,120 @@ def test_alpha_keep_returns_rgba_only_for_transparent_images():
     assert media.to_batch(t).shape == (1, 3, 4, 5)
     with pytest.raises(RewardInputError, match="alpha must be"):
         media.load_image(Image.fromarray(rgba), alpha="transparent")
+
+
+# ----------------------------------------------------------------------------------------------
+# input validation: sizes, dtypes, value ranges, decompression bombs, symlinks
+# ----------------------------------------------------------------------------------------------
+def png_header_only(path, width, height):
+    """A tiny PNG whose header claims width x height pixels (no pixel data is ever allocated to write it)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("item", [
+    np.zeros((0, 0, 3), np.uint8), np.zeros((0, 5, 3), np.uint8), np.zeros((4, 0), np.uint8),
+    torch.zeros(3, 0, 4), torch.zeros(3, 4, 0), Image.new("RGB", (0, 0)),
+], ids=["np0x0", "np0x5", "np4x0gray", "t0x4", "t4x0", "pil0x0"])
+def test_zero_size_images_are_media_errors(item):
+    with pytest.raises(MediaError, match="0 pixels"):
+        media.load_image(item)
+    with pytest.raises(MediaError, match="0 pixels"):
+        media.to_batch([item])
+
+
+@pytest.mark.parametrize("batch,modality", [
+    (torch.zeros(2, 3, 0, 0), "image"), (np.zeros((2, 0, 4, 3), np.uint8), "image"),
+    (torch.zeros(1, 2, 3, 0, 4), "video"), (torch.zeros(1, 0, 3, 4, 4), "video"),
+    ([np.zeros((0, 4, 4, 3), np.uint8)], "video"), ([torch.zeros(2, 3, 4, 0)], "video"),
+])
+def test_zero_size_batches_and_videos_are_media_errors(batch, modality):
+    with pytest.raises(MediaError, match="0 pixels|0 frames"):
+        media.to_batch(batch, modality=modality)
+
+
+@pytest.mark.parametrize("arr", [
+    np.array([[1, 2], [3, 4]], dtype=object),
+    np.empty((4, 4, 3), dtype=object),
+    np.empty((2, 4, 4, 3), dtype=object),
+], ids=["obj2d", "obj3d", "obj4d"])
+def test_numpy_object_arrays_are_media_errors(arr):
+    with pytest.raises(MediaError, match="dtype object"):
+        media.load_image(arr) if arr.ndim < 4 else media.to_batch(arr)
+
+
+@pytest.mark.parametrize("value_range", [
+    255, (0,), (0, 1, 2), (1, 0), (0, 0), (0, float("nan")), (float("-inf"), 1), (0, float("inf")), "ab", ("0", "1"),
+])
+def test_bad_value_range_is_a_typed_error(value_range):
+    for call in (lambda: media.load_image(torch.rand(3, 2, 2), value_range=value_range),
+                 lambda: media.to_batch(torch.rand(1, 3, 2, 2), value_range=value_range),
+                 lambda: media.load_video(torch.rand(2, 3, 2, 2), value_range=value_range)):
+        with pytest.raises(RewardInputError, match="value_range"):
+            call()
+
+
+def test_value_range_accepts_any_pair_of_numbers():
+    x = torch.rand(3, 2, 2) * 255
+    ref = x / 255
+    for vr in ((0, 255), [0, 255], np.array([0.0, 255.0]), (np.float32(0), np.int64(255))):
+        torch.testing.assert_close(media.load_image(x, value_range=vr), ref)
+    u8 = torch.zeros(3, 2, 2, dtype=torch.uint8)
+    torch.testing.assert_close(media.load_image(u8, value_range=[0, 255]), torch.zeros(3, 2, 2))
+
+
+def test_decompression_bomb_is_a_media_error(tmp_path):
+    bomb = png_header_only(tmp_path / "bomb.png", 20000, 20000)
+    assert bomb.stat().st_size < 100
+    with pytest.raises(MediaError, match="400000000 pixels"):
+        media.read_image(bomb)
+    with pytest.raises(MediaError, match=r"media\[0\].*400000000 pixels"):
+        media.to_batch([bomb])
+
+
+def test_images_above_max_pixels_are_rejected_before_decoding(tmp_path, monkeypatch):
+    from PIL import ImageFile
+
+    big = png_header_only(tmp_path / "big.png", 9000, 9000)  # under PIL's own bomb limit, above ours
+
+    def no_decode(self):
+        raise AssertionError("the image was decoded before the size check")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decode)
+    with pytest.raises(MediaError, match=rf"9000x9000.*max_image_pixels={media.MAX_IMAGE_PIXELS}"):
+        media.read_image(big)
+    monkeypatch.undo()
+    small = tmp_path / "small.png"
+    Image.fromarray(_rgb(10, 20)).save(small)
+    with pytest.raises(MediaError, match="max_image_pixels=100"):
+        media.load_image(small, max_image_pixels=100)
+    with pytest.raises(MediaError, match="max_image_pixels=100"):
+        media.to_batch([small, small], max_image_pixels=100)
+    with pytest.raises(MediaError, match="max_image_pixels=100"):
+        media.load_image(Image.open(small), max_image_pixels=100)
+    assert media.load_image(small, max_image_pixels=200).shape == (3, 10, 20)  # the cap is inclusive
+    assert media.to_batch([small], max_image_pixels=None).shape == (1, 3, 10, 20)
+
+
+def test_broken_and_looping_symlinks_are_yielded_and_fail_clearly(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    Image.fromarray(_rgb()).save(d / "ok.png")
+    (d / "dangling.png").symlink_to(d / "gone.png")
+    (d / "loop_a.png").symlink_to(d / "loop_b.png")
+    (d / "loop_b.png").symlink_to(d / "loop_a.png")
+    (d / "notes.txt").symlink_to(d / "nothing.txt")  # not media: skipped as before
+    found = sorted(p.name for p in media.iter_media_files([d]))
+    assert found == ["dangling.png", "loop_a.png", "loop_b.png", "ok.png"]
+    for name in ("dangling.png", "loop_a.png"):
+        with pytest.raises(MediaError, match="symbolic link"):
+            media.load_image(d / name)
+    with pytest.raises(MediaError, match="symbolic link"):
+        media.read_video(d / "dangling.png")

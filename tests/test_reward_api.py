@@ -98,3 +98,76 @@ def test_dtype_option_casts_the_model_and_returns_float32():
     reward = mmreward.load("mock", dtype="bf16")
     out = reward.score("red", torch.rand(2, 3, 4, 4))
     assert out.scores.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# prompts and devices are checked by the base class, so every family gets the checks
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("prompts", ["\ud800", ["ok", "bad \udfff end"], ["\udc80"]])
+def test_lone_surrogate_prompts_are_input_errors(prompts):
+    reward = mmreward.load("mock")
+    n = 1 if isinstance(prompts, str) else len(prompts)
+    with pytest.raises(RewardInputError, match="surrogate"):
+        normalize_prompts(prompts, n)
+    with pytest.raises(RewardInputError, match="surrogate"):
+        reward.score(prompts, torch.rand(n, 3, 4, 4))
+    with pytest.raises(RewardInputError, match="surrogate"):
+        reward.compare(prompts, torch.rand(n, 3, 4, 4), torch.rand(n, 3, 4, 4))
+    # the check is about encodability, not about non-ASCII text
+    assert reward.score(["red 🍎 rouge", "日本語 blue"], torch.rand(2, 3, 4, 4)).scores.shape == (2,)
+
+
+_NO_SUCH_CUDA = f"cuda:{torch.cuda.device_count() + 7}"
+
+
+@pytest.mark.parametrize("device,fragment", [
+    ("banana", "not a device"), ("cuda:-1", "not a device"), ("", "not a device"), (3.5, "not a device"),
+    (_NO_SUCH_CUDA, "cuda"),
+])
+def test_bad_devices_are_typed_errors_at_load_and_score_time(device, fragment):
+    from mmreward import media
+    from mmreward.errors import DeviceError
+    from mmreward.types import check_device
+
+    with pytest.raises(DeviceError, match=fragment):
+        check_device(device)
+    with pytest.raises(DeviceError, match=fragment):
+        mmreward.load("mock", device=device)
+    with pytest.raises(DeviceError, match=fragment):
+        mmreward.load("mock").to(device)
+    with pytest.raises(DeviceError, match=fragment):
+        media.to_batch(torch.rand(1, 3, 2, 2), device=device)
+
+
+def test_good_devices_resolve():
+    from mmreward.types import check_device
+
+    assert check_device("cpu") == torch.device("cpu")
+    assert check_device(torch.device("cpu")) == torch.device("cpu")
+    assert check_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    reward = MeanBrightness()
+    reward.register_buffer("w", torch.zeros(2))
+    assert reward.to(torch.float64).w.dtype == torch.float64  # dtype-only .to() still works
+    assert reward.to(device="cpu", dtype=torch.float16).w.dtype == torch.float16
+    assert reward.to(torch.zeros(1, dtype=torch.float32)).w.dtype == torch.float32
+
+
+@pytest.mark.parametrize("value", ["x", 2.5, True, None])
+def test_micro_batch_size_must_be_a_positive_int(value):
+    with pytest.raises(RewardInputError, match="micro_batch_size"):
+        MeanBrightness(micro_batch_size=value)
+
+
+def test_conformance_suite_checks_prompts_sizes_and_devices():
+    """A family that bypasses the base-class checks is caught by the suite every registered reward runs."""
+    from mmreward.testing.conformance import check_conformance
+
+    class Unchecked(MeanBrightness):
+        def score(self, prompts, media, *, value_range=None):
+            if isinstance(prompts, list) and any("\ud800" <= ch <= "\udfff" for p in prompts for ch in p):
+                return RewardOutput(torch.zeros(len(prompts)))  # the old behaviour: surrogates scored silently
+            return super().score(prompts, media, value_range=value_range)
+
+    check_conformance(MeanBrightness())
+    with pytest.raises(AssertionError, match="RewardInputError"):
+        check_conformance(Unchecked())

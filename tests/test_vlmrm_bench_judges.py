@@ -126,7 +126,7 @@ def test_cli_bench_with_the_registered_tiny_unifiedreward(mmrb, tmp_path, capsys
     assert {r["mode"] for r in read_run(tmp_path / "s" / "run.jsonl").values()} == {"score"}
 
     # a reward that writes no text cannot be a judge; bad --load-option syntax is named
-    assert main([*base, "--judge", "mock", "--out", str(tmp_path / "m")]) == 1
+    assert main([*base, "--judge", "mock", "--out", str(tmp_path / "m")]) == 2  # a usage error
     assert "writes no text verdicts" in capsys.readouterr().err
-    assert main([*base, "--reward", "unifiedreward", "--load-option", "tiny", "--out", str(tmp_path / "x")]) == 1
+    assert main([*base, "--reward", "unifiedreward", "--load-option", "tiny", "--out", str(tmp_path / "x")]) == 2
     assert "--load-option expects KEY=VALUE" in capsys.readouterr().err

@@ -306,5 +306,5 @@ def test_cli_bench_with_a_registered_reward(tmp_path, capsys):
     assert card["metrics"]["accuracy"]["value"] == pytest.approx(0.5)
     assert card["metrics"]["accuracy_with_ties"]["value"] == pytest.approx(2 / 3)
     assert card["run"]["reward"] == "mock"
-    assert main(["bench", "--reward", "mock", "--benchmark", "genai-bench-image", "--data", str(tmp_path / "missing.json")]) == 1
-    assert "no file at" in capsys.readouterr().err
+    assert main(["bench", "--reward", "mock", "--benchmark", "genai-bench-image", "--data", str(tmp_path / "missing.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err

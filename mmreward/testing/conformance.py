@@ -1,14 +1,15 @@
 """The conformance suite every registered reward must pass (called from tests/test_conformance.py).
 
 Checks: output shape and dtype, batch-order equivariance, compare antisymmetry, typed errors on bad
-input, non-constant outputs, and, for differentiable rewards, gradients that reach the pixels.
+input (including zero-size media, lone-surrogate prompts and bad devices), non-constant outputs, and,
+for differentiable rewards, gradients that reach the pixels.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mmreward.errors import MediaError, RewardInputError
+from mmreward.errors import DeviceError, MediaError, RewardInputError
 from mmreward.types import Reward
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle above a yellow star", "a photo of a cat"]
@@ -57,6 +58,10 @@ def check_conformance(reward: Reward, size: int = 64, atol: float = 1e-4) -> Non
     _expect(MediaError, "shape", reward.score, prompts[:1], torch.rand(3, 3))
     _expect(MediaError, "value_range", reward.score, prompts, media * 255)
     _expect(RewardInputError, "same length", reward.compare, prompts[:2], media[:2], media[:3])
+    _expect(MediaError, "0 pixels", reward.score, prompts[:1], media[:1, ..., :0, :0])
+    _expect(RewardInputError, "surrogate", reward.score, ["\ud800"] * n, media)
+    _expect(RewardInputError, "surrogate", reward.compare, ["ok", "\udfff"], media[:2], media[2:4])
+    _expect(DeviceError, "not a device", reward.to, "banana")
 
     if reward.differentiable:
         x = media.clone().requires_grad_(True)

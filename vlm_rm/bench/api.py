@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmreward.errors import ConfigError
+from mmreward.errors import ConfigError, MMRewardError
 from vlm_rm.bench.judges import Judge
 from vlm_rm.bench.report import write_card
 from vlm_rm.bench.results import EvalPolicy, Results
@@ -46,7 +47,16 @@ def run_benchmark(
     if mode == "judge" and bench.judge_template is None:
         raise ConfigError(f"benchmark '{bench.name}' is defined for scalar rewards only; pass reward= instead of judge=")
     out = Path(out_dir)
-    items = bench.load(os.fspath(data), media_root=media_root, cache_dir=str(out / "media_cache"), **(options or {}))
+    try:
+        items = bench.load(os.fspath(data), media_root=media_root, cache_dir=str(out / "media_cache"), **(options or {}))
+    except MMRewardError:
+        raise
+    except (OSError, ValueError, KeyError, IndexError, TypeError, csv.Error) as exc:
+        # the annotation file is user input: a malformed one is a usage error, not a crash
+        raise ConfigError(
+            f"data {os.fspath(data)}: cannot read it as a '{bench.name}' annotation file "
+            f"({type(exc).__name__}: {exc}); pass the file in the benchmark's published layout"
+        ) from exc
     if reward is not None:
         scorer = reward_scorer(reward)
     records = run_items(bench, items, out / RUN_FILE, scorer=scorer, judge=judge, orders=orders,

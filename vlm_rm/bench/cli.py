@@ -60,12 +60,38 @@ def parse_key_values(pairs: Sequence[str], flag: str, as_json: bool = False) -> 
     return out
 
 
+def _orders(text: str) -> tuple[str, ...]:
+    from vlm_rm.bench.suites.base import ORDERS
+
+    orders = tuple(o.strip() for o in text.split(",") if o.strip())
+    if not orders or any(o not in ORDERS for o in orders):
+        raise ConfigError(f"--orders must be AB, BA or AB,BA; got {text!r}")
+    return orders
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What can be checked before a model is loaded: files, numbers, the orders."""
+    from pathlib import Path
+
+    for flag, path in (("--data", args.data), ("--validation", args.validation), ("--media-root", args.media_root)):
+        if path is not None and not Path(path).exists():
+            raise ConfigError(f"{flag} {path} does not exist; pass the benchmark's file or folder as published")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out} is a file; pass a folder for run.jsonl and the results card")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.n_boot < 0:
+        raise ConfigError(f"--n-boot must be >= 0, got {args.n_boot}")
+    _orders(args.orders)
+
+
 def run(args: argparse.Namespace) -> int:
     from vlm_rm.bench.api import run_benchmark
     from vlm_rm.bench.results import EvalPolicy
 
     if (args.reward is None) == (args.judge is None):
         raise ConfigError("pass exactly one of --reward NAME (a reward or a registered judge) or --judge NAME|pkg.module:factory")
+    check_args(args)
     options = parse_key_values(args.option, "--option")
     load_options = parse_key_values(args.load_option, "--load-option", as_json=True)
     if args.validation:
@@ -99,9 +125,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             kwargs["reward"] = reward
             info["reward"] = name
-    orders = tuple(o.strip() for o in args.orders.split(",") if o.strip())
     results = run_benchmark(args.benchmark, args.data, args.out, policy=policy, media_root=args.media_root,
-                            options=options, orders=orders, batch_size=args.batch_size,
+                            options=options, orders=_orders(args.orders), batch_size=args.batch_size,
                             progress=not args.quiet, run_info=info, **kwargs)
     print(json.dumps({k: v.to_json() for k, v in results.metrics.items()}, indent=2))
     print(f"results card: {args.out}/results.md")
@@ -109,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vlm-rm")
+    import sys
+
+    from mmreward.cli import OneLineArgumentParser, run_main
+
+    parser = OneLineArgumentParser(prog="vlm-rm")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["bench", *(argv or [])]))
+    return run_main(parser, ["bench", *(sys.argv[1:] if argv is None else argv)], run, "vlm-rm")
