@@ -18,7 +18,6 @@ output cannot be cached per prompt.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -368,7 +367,7 @@ def load_imagereward(
 ) -> ImageReward:
     """checkpoint: a folder or hub repo holding ImageReward.pt and med_config.json (and optionally the BERT
     tokenizer's vocab.txt), or the ImageReward.pt file itself with med_config.json beside it."""
-    from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
+    from mmreward.checkpoints import load_state_dict, load_strict, read_json, resolve_files
     from mmreward.errors import CheckpointError, ConfigError
     from mmreward.models._image_preprocess import ImagePreprocess
 
@@ -405,7 +404,7 @@ def load_imagereward(
         else:
             files = resolve_files(checkpoint, [WEIGHTS_FILE, MED_CONFIG_FILE])
             weight_file, med_file = files[WEIGHTS_FILE], files[MED_CONFIG_FILE]
-        med = json.loads(Path(med_file).read_text())
+        med = read_json(med_file, "ImageReward med_config")
         sd = load_state_dict(weight_file)
         if "blip.visual_encoder.pos_embed" not in sd:
             raise CheckpointError(f"{weight_file} is not an ImageReward state dict (no blip.visual_encoder.pos_embed)")

@@ -142,13 +142,9 @@ def load_realism_classifier(
 
             model = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(source))
         else:
-            model, info = AutoModelForImageClassification.from_pretrained(source, output_loading_info=True)
-            bad = {k: list(v)[:5] for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-            if bad:
-                raise CheckpointError(
-                    f"weights in '{source}' do not match {type(model).__name__}: {bad}. Is this an image-classification "
-                    "checkpoint saved with save_pretrained?"
-                )
+            from mmreward.checkpoints import load_pretrained
+
+            model = load_pretrained(AutoModelForImageClassification, source)
         processor = AutoImageProcessor.from_pretrained(source)
     except OSError as exc:
         raise CheckpointError(
