@@ -341,7 +341,9 @@ def load_pretrained(
         raise key_mismatch_error(src, getattr(cls, "__name__", str(cls)), [], [], mismatched or ["(see log)"]) from exc
     except CheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001 - corrupt or unreadable files raise OSError, SafetensorError, ValueError
+    except Exception as exc:  # noqa: BLE001 - corrupt or unreadable files raise SafetensorError, ValueError, ...
+        if isinstance(exc, OSError) and not Path(os.path.expanduser(src)).is_dir():
+            raise  # not a local folder: a hub or path problem, which the caller explains with its own fix
         raise CheckpointError(
             f"cannot load {getattr(cls, '__name__', cls)} from {src}: {type(exc).__name__}: {exc}. "
             "Is the folder complete and are its files intact (config.json, model.safetensors)?"

@@ -168,27 +168,26 @@ def is_reward_class(obj: Any) -> bool:
 _SKIPPED_PARAMS = {"self", "checkpoint", "weights"}
 
 
-def accepted_options(fn: Callable[..., Any]) -> list[str] | None:
-    """The keyword options `fn` accepts, following **kwargs into the class it is annotated to return.
+def accepted_options(fn: Callable[..., Any]) -> tuple[list[str], bool]:
+    """(the keyword options `fn` accepts, whether that list is exact).
 
-    None when they cannot be known (**kwargs forwarded somewhere we cannot see).
+    With **kwargs the list follows them into the class `fn` is annotated to return, and is a lower bound:
+    loaders may consume more options themselves.
     """
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return None
+        return [], False
     params = sig.parameters.values()
     names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
              and p.name not in _SKIPPED_PARAMS]
     if not any(p.kind == p.VAR_KEYWORD for p in params):
-        return sorted(names)
+        return sorted(names), True
     try:
         ret = typing.get_type_hints(fn).get("return")
-    except Exception:  # noqa: BLE001 - unresolvable annotations: options cannot be listed
-        return None
-    if not is_reward_class(ret):
-        return None
-    for cls in ret.__mro__:
+    except Exception:  # noqa: BLE001 - unresolvable annotations: list what the signature shows
+        ret = fn if isinstance(fn, type) else None
+    for cls in ret.__mro__ if is_reward_class(ret) else ():
         init = cls.__dict__.get("__init__")
         if init is None:
             continue
@@ -197,35 +196,35 @@ def accepted_options(fn: Callable[..., Any]) -> list[str] | None:
         names += [p.name for p in init_params if p.default is not p.empty
                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if not any(p.kind == p.VAR_KEYWORD for p in init_params):
-            return sorted(set(names))
-    return sorted(set(names))
+            break
+    return sorted(set(names)), False
 
 
-def _unknown_option_error(what: str, unknown: list[str], accepted: list[str] | None) -> UnknownOptionError:
-    listing = f"It accepts: {', '.join(accepted) or 'no options'}." if accepted is not None else (
-        "See its loader's docstring for the options it accepts."
+def _unknown_option_error(what: str, unknown: list[str], accepted: list[str], exact: bool) -> UnknownOptionError:
+    listing = f"It accepts: {', '.join(accepted) or 'no options'}." if exact else (
+        f"Its options include: {', '.join(accepted)}." if accepted else "See its loader's docstring for its options."
     )
-    hints = [m for u in unknown for m in difflib.get_close_matches(u, accepted or [], n=1)]
+    hints = [m for u in unknown for m in difflib.get_close_matches(u, accepted, n=1)]
     hint = f" Did you mean {', '.join(repr(h) for h in hints)}?" if hints else ""
     return UnknownOptionError(f"{what} got unknown option(s) {', '.join(repr(u) for u in unknown)}.{hint} {listing}")
 
 
 def _call_checked(fn: Callable[..., Any], what: str, args: tuple, fixed: dict[str, Any], options: dict[str, Any]) -> Any:
-    """fn(*args, **fixed, **options), with `options` (the user's) checked against what fn accepts first."""
-    accepted = accepted_options(fn)
-    if accepted is not None:
+    """fn(*args, **fixed, **options); the user's `options` are checked first where fn's signature is exact."""
+    accepted, exact = accepted_options(fn)
+    if exact:
         unknown = sorted(set(options) - set(accepted))
         if unknown:
-            raise _unknown_option_error(what, unknown, accepted)
+            raise _unknown_option_error(what, unknown, accepted, exact)
     try:
         return fn(*args, **fixed, **options)
     except TypeError as exc:
         if isinstance(exc, MMRewardError):
             raise
-        # options forwarded through **kwargs to something that rejects them
+        # an option forwarded through **kwargs to a constructor that does not take it
         match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
         if match and match.group(1) in options:
-            raise _unknown_option_error(what, [match.group(1)], accepted) from exc
+            raise _unknown_option_error(what, [match.group(1)], accepted, exact) from exc
         raise
 
 
