@@ -310,6 +310,15 @@ def key_mismatch_error(
     )
 
 
+def load_files(fn: Callable[[str], Any], source: str | os.PathLike, what: str) -> Any:
+    """fn(source) for tokenizers and processors: a corrupt or incomplete file is a CheckpointError naming it."""
+    src = os.fspath(source)
+    try:
+        return fn(src)
+    except Exception as exc:  # noqa: BLE001 - tokenizers/json/sentencepiece raise many types for bad files
+        raise CheckpointError(f"cannot load the {what} from {src}: {type(exc).__name__}: {exc}") from exc
+
+
 def load_pretrained(
     cls: Any,
     source: str | os.PathLike,

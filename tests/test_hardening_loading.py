@@ -305,6 +305,11 @@ def test_corrupt_safetensors_and_config_name_the_file(family_dirs, tmp_path):
     (work / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json"):
         mmreward.load("shapesworld-pref", checkpoint=work)
+    work = tmp_path / "t"
+    shutil.copytree(folder, work)
+    (work / "tokenizer.json").write_text("{truncated")
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        mmreward.load("shapesworld-pref", checkpoint=work)
     work = tmp_path / "c"
     shutil.copytree(folder, work)
     (work / "mmreward.json").write_text("[1, 2")

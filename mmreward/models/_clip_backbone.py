@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-from mmreward.checkpoints import load_pretrained, load_state_dict, load_strict, read_json, resolve_files
+from mmreward.checkpoints import (
+    load_files,
+    load_pretrained,
+    load_state_dict,
+    load_strict,
+    read_json,
+    resolve_files,
+)
 from mmreward.errors import CheckpointError, ConfigError
 from mmreward.models._image_preprocess import ImagePreprocess
 
@@ -193,7 +200,7 @@ def load_hf_clip_tokenizer(source: str | os.PathLike | None):
             f"'{source}' holds no CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt); "
             "pass tokenizer='<folder or hub id with the tokenizer files>'"
         )
-    return CLIPTokenizerFast.from_pretrained(str(next(iter(files.values())).parent))
+    return load_files(CLIPTokenizerFast.from_pretrained, next(iter(files.values())).parent, "CLIP tokenizer")
 
 
 def has_files(checkpoint: str | None, names: tuple[str, ...]) -> bool:

@@ -338,7 +338,7 @@ def load_bert_tokenizer(source: str):
     """bert-base-uncased's WordPiece tokenizer plus BLIP's two added tokens ([DEC] as bos, [ENC])."""
     from transformers import BertTokenizerFast
 
-    from mmreward.checkpoints import resolve_files
+    from mmreward.checkpoints import load_files, resolve_files
     from mmreward.errors import CheckpointError
 
     files = resolve_files(source, [], optional=BERT_TOKENIZER_FILES)
@@ -347,7 +347,7 @@ def load_bert_tokenizer(source: str):
             f"'{source}' holds no BERT tokenizer (vocab.txt or tokenizer.json). ImageReward tokenises with "
             f"bert-base-uncased: pass tokenizer='<folder or hub id>' or put vocab.txt next to {WEIGHTS_FILE}"
         )
-    tok = BertTokenizerFast.from_pretrained(str(next(iter(files.values())).parent))
+    tok = load_files(BertTokenizerFast.from_pretrained, next(iter(files.values())).parent, "BERT tokenizer")
     tok.add_special_tokens({"bos_token": "[DEC]"})
     tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
     return tok
