@@ -13,6 +13,7 @@ from mmreward.errors import (
     MMRewardError,
     RewardInputError,
     RewardValueError,
+    UnknownOptionError,
     UnknownRewardError,
 )
 from mmreward.registry import RewardSpec, get_spec, list_rewards, load, register_reward
@@ -32,6 +33,7 @@ __all__ = [
     "RewardOutput",
     "RewardSpec",
     "RewardValueError",
+    "UnknownOptionError",
     "UnknownRewardError",
     "get_spec",
     "list_rewards",

@@ -5,21 +5,29 @@ Source strings accepted by `mmreward.load`:
   "clipscore:openai-l14"      a registered name with a tag
   "hf-hub:org/repo[@rev]"     a Hugging Face hub repository
   "local-dir:/path" or a path a local file or folder in the model's official format
-  "pkg.module:Class"          any importable Reward subclass
+  "pkg.module:Class"          an importable Reward subclass. Naming one imports `pkg.module` (which
+                              runs its top-level code, as transformers' trust_remote_code does); the
+                              attribute is checked to be a Reward subclass before anything is called.
+
+Every weights file is read without unpickling (safetensors, or torch.load(weights_only=True)) and every
+model is loaded strictly: missing, unexpected or wrong-shaped keys are a CheckpointError naming them.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import pickle
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from mmreward.errors import CheckpointError
+from mmreward.errors import CheckpointError, UnknownRewardError
 
 HUB_PREFIX = "hf-hub:"
 LOCAL_PREFIX = "local-dir:"
@@ -59,17 +67,47 @@ def parse_source(source: str | os.PathLike, known_names: Iterable[str] = ()) -> 
     return Source("name", head if sep else s, tag=tail if sep else None)
 
 
-def import_object(path: str):
-    """'pkg.module:attr' -> the attribute."""
-    module_name, _, attr = path.partition(":")
+def import_object(path: str, accept: Callable[[Any], bool], expected: str) -> Any:
+    """'pkg.module:attr' -> the attribute, only if `accept(attribute)`; nothing is called here.
+
+    Importing the module runs its top-level code: a source string naming a module is code, so callers
+    must only pass strings a user chose to trust (like transformers' trust_remote_code). The check
+    stops a config from reaching arbitrary callables (`subprocess:run`, `os:system`) with its options.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr.isidentifier() or not all(
+        part.isidentifier() for part in module_name.split(".")
+    ):
+        raise UnknownRewardError(f"'{path}' is not of the form 'pkg.module:Name' naming {expected}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise CheckpointError(f"cannot import module '{module_name}' from source '{path}': {exc}") from exc
+        raise UnknownRewardError(f"cannot import module '{module_name}' from source '{path}': {exc}") from exc
     try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise CheckpointError(f"module '{module_name}' has no attribute '{attr}' (source '{path}')") from exc
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise UnknownRewardError(f"module '{module_name}' has no attribute '{attr}' (source '{path}')") from None
+    if not accept(obj):
+        desc = f"the class {obj.__qualname__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+        raise UnknownRewardError(
+            f"'{path}' is {desc}, not {expected}; refusing to call it. "
+            "Only registered names or your own classes of the expected type can be named in configs."
+        )
+    return obj
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
+    """A JSON object from a checkpoint file, or a CheckpointError naming the file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} not found: {p}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{what} {p} is not valid JSON ({exc}); re-download or re-save it") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what} {p} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def hub_is_offline() -> bool:
@@ -188,8 +226,19 @@ def load_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str
             sd = load_file(str(p), device="cpu")
         else:
             sd = torch.load(str(p), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        if refused is None:  # not a refusal: the bytes are not a pickle at all
+            raise CheckpointError(f"cannot read weights file {p} (corrupt or not a PyTorch file)") from exc
+        # weights_only=True refuses pickles that would import or call arbitrary objects
+        raise CheckpointError(
+            f"refused to unpickle {p}: it references the Python object {refused.group(1)}, and mmreward never "
+            "unpickles code. If you trust the file, convert it to safetensors once, e.g. "
+            "`safetensors.torch.save_file(torch.load(path, weights_only=False)['state_dict'], 'model.safetensors')`, "
+            "and pass that file instead."
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - corrupt files raise many types
-        raise CheckpointError(f"cannot read weights file {p}: {exc}") from exc
+        raise CheckpointError(f"cannot read weights file {p} (corrupt or truncated?): {exc}") from exc
     if key is not None:
         if not isinstance(sd, Mapping) or key not in sd:
             keys = list(sd)[:10] if isinstance(sd, Mapping) else type(sd).__name__
@@ -209,34 +258,112 @@ def load_strict(
     *,
     strip_prefix: str | None = None,
     ignore: Iterable[str] = (),
+    partial: bool = False,
 ) -> None:
-    """load_state_dict(strict=True) with an error that lists the missing and unexpected keys and shapes."""
+    """load_state_dict(strict=True) with an error that lists the missing and unexpected keys and shapes.
+
+    `ignore`: file keys to drop (legacy buffers). `partial=True` is for files that overlay a subset of an
+    already-loaded model (non-LoRA deltas): keys the file lacks stay as they are, but every key it has
+    must exist in the model with the same shape.
+    """
     sd = dict(state_dict)
     if strip_prefix:
         sd = {k[len(strip_prefix) :] if k.startswith(strip_prefix) else k: v for k, v in sd.items()}
     ignored = set(ignore)
     sd = {k: v for k, v in sd.items() if k not in ignored}
     own = module.state_dict()
-    missing = sorted(set(own) - set(sd) - ignored)
+    missing = [] if partial else sorted(set(own) - set(sd) - ignored)
     unexpected = sorted(set(sd) - set(own))
-    mismatched = sorted(k for k in set(own) & set(sd) if tuple(own[k].shape) != tuple(sd[k].shape))
+    mismatched = sorted(
+        k for k in set(own) & set(sd)
+        if not isinstance(sd[k], torch.Tensor) or tuple(own[k].shape) != tuple(sd[k].shape)
+    )
     if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing keys (e.g. {missing[:5]})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[:5]})")
-        if mismatched:
-            parts.append(
-                f"{len(mismatched)} shape mismatches (e.g. "
-                + ", ".join(f"{k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in mismatched[:3])
-                + ")"
-            )
+        raise key_mismatch_error(source, type(module).__name__, missing, unexpected, [
+            f"{k}: file {_shape(sd[k])} vs model {tuple(own[k].shape)}" for k in mismatched
+        ])
+    try:
+        module.load_state_dict(sd, strict=not (ignored or partial))
+    except RuntimeError as exc:  # e.g. a dtype that cannot be copied; the keys themselves matched
+        raise CheckpointError(f"weights from {source} cannot be loaded into {type(module).__name__}: {exc}") from exc
+
+
+def _shape(value: Any) -> Any:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def key_mismatch_error(
+    source: str, model: str, missing: Sequence[str], unexpected: Sequence[str], mismatched: Sequence[str]
+) -> CheckpointError:
+    """The one message for a checkpoint whose keys do not match the model: counts and examples of each kind."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing keys (e.g. {list(missing)[:5]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected keys (e.g. {list(unexpected)[:5]})")
+    if mismatched:
+        parts.append(f"{len(mismatched)} shape mismatches (e.g. {', '.join(list(mismatched)[:3])})")
+    return CheckpointError(
+        f"weights from {source} do not match {model}: " + "; ".join(parts)
+        + ". Is this the right checkpoint for this reward? Loading is strict: a reward with missing or "
+        "extra weights would silently score with random parameters."
+    )
+
+
+def load_files(fn: Callable[[str], Any], source: str | os.PathLike, what: str) -> Any:
+    """fn(source) for tokenizers and processors: a corrupt or incomplete file is a CheckpointError naming it."""
+    src = os.fspath(source)
+    try:
+        return fn(src)
+    except Exception as exc:  # noqa: BLE001 - tokenizers/json/sentencepiece raise many types for bad files
+        raise CheckpointError(f"cannot load the {what} from {src}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_pretrained(
+    cls: Any,
+    source: str | os.PathLike,
+    *,
+    ignore_unexpected: Iterable[str] = (),
+    **kwargs: Any,
+) -> Any:
+    """`cls.from_pretrained(source)` for transformers/diffusers classes, strictly.
+
+    transformers only warns about missing or unexpected keys and initialises the missing ones at
+    random; here any of them is a CheckpointError that names the keys. A corrupt config.json or
+    weights file is a CheckpointError naming the file.
+    """
+    src = os.fspath(source)
+    config = Path(os.path.expanduser(src)) / "config.json"
+    if config.is_file():
+        read_json(config, "model config")
+    try:
+        model, info = cls.from_pretrained(src, output_loading_info=True, **kwargs)
+    except RuntimeError as exc:
+        if "ignore_mismatched_sizes" not in str(exc):
+            raise CheckpointError(f"cannot load {getattr(cls, '__name__', cls)} from {src}: {exc}") from exc
+        # the exception does not name the keys: load once more, tolerating them, to report them
+        try:
+            _, info = cls.from_pretrained(src, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            info = {}
+        mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys", [])]
+        raise key_mismatch_error(src, getattr(cls, "__name__", str(cls)), [], [], mismatched or ["(see log)"]) from exc
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - corrupt or unreadable files raise SafetensorError, ValueError, ...
+        if isinstance(exc, OSError) and not Path(os.path.expanduser(src)).is_dir():
+            raise  # not a local folder: a hub or path problem, which the caller explains with its own fix
         raise CheckpointError(
-            f"weights from {source} do not match {type(module).__name__}: " + "; ".join(parts)
-            + ". Is this the right checkpoint for this reward?"
-        )
-    module.load_state_dict(sd, strict=not ignored)
+            f"cannot load {getattr(cls, '__name__', cls)} from {src}: {type(exc).__name__}: {exc}. "
+            "Is the folder complete and are its files intact (config.json, model.safetensors)?"
+        ) from exc
+    ignored = set(ignore_unexpected)
+    missing = sorted(info.get("missing_keys", []))
+    unexpected = sorted(k for k in info.get("unexpected_keys", []) if k not in ignored)
+    mismatched = [str(m) for m in info.get("mismatched_keys", [])]
+    if missing or unexpected or mismatched:
+        raise key_mismatch_error(src, type(model).__name__, missing, unexpected, mismatched)
+    return model
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -34,6 +34,10 @@ class ConfigError(MMRewardError, ValueError):
     """An invalid configuration value."""
 
 
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword option that a reward's loader does not accept (a TypeError, as Python raises for one)."""
+
+
 class MissingExtraError(MMRewardError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

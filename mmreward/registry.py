@@ -5,23 +5,31 @@ so `mmreward list` and `import mmreward` stay fast and optional extras stay opti
 
 Loader contract: `loader(checkpoint: str | None, *, weights: "pretrained" | "random", **options) -> Reward`.
 `checkpoint` is a local path or hub id (None only with weights="random").
+
+Security: strings from configs, cards and requests only ever select registered specs or name a
+`Reward` subclass ("pkg.module:Class"), which is checked before anything is called. Naming a module
+imports it, which runs its top-level code: treat configs that name `module:Class` as code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import importlib.util
-import json
+import inspect
 import os
-from collections.abc import Callable
+import re
+import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from mmreward.checkpoints import import_object, parse_source, resolve_device, resolve_dtype
-from mmreward.errors import CheckpointError, UnknownRewardError
+from mmreward.checkpoints import import_object, parse_source, read_json, resolve_device, resolve_dtype
+from mmreward.errors import CheckpointError, MMRewardError, UnknownOptionError, UnknownRewardError
 from mmreward.types import Reward
 
 CARD_FILE = "mmreward.json"
@@ -47,7 +55,9 @@ class RewardSpec:
     tiny_options: dict[str, Any] = field(default_factory=dict)
 
     def get_loader(self) -> Callable[..., Reward]:
-        return import_object(self.loader) if isinstance(self.loader, str) else self.loader
+        if isinstance(self.loader, str):
+            return import_object(self.loader, callable, f"a callable loader for reward '{self.name}'")
+        return self.loader
 
     def missing_requirements(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
@@ -119,13 +129,103 @@ def _read_card(folder: Path) -> dict[str, Any]:
             f"cannot tell which reward the folder {folder} holds: it has no {CARD_FILE}. "
             "Pass the reward name: mmreward.load('<reward>', checkpoint='<folder>')"
         )
-    try:
-        data = json.loads(card.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{card} is not valid JSON: {exc}") from exc
-    if "reward" not in data:
-        raise CheckpointError(f"{card} must name the reward family under the key 'reward'")
+    data = read_json(card, "reward card")
+    if not isinstance(data.get("reward"), str):
+        raise CheckpointError(f"{card} must name the reward family under the key 'reward' (a registered name)")
+    if not isinstance(data.get("options", {}), dict):
+        raise CheckpointError(f"{card}: 'options' must be a JSON object of loader options")
+    code_keys = sorted(set(data) & {"loader", "class", "module", "factory", "code"})
+    if code_keys:
+        # a folder from the internet must not be able to name code to import
+        raise CheckpointError(
+            f"{card} has keys {code_keys}, which mmreward does not support: a card names a registered reward "
+            "under 'reward' and its loader options under 'options'. Register your own loader in code instead."
+        )
     return data
+
+
+_REGISTERED_ONLY: contextvars.ContextVar[str | None] = contextvars.ContextVar("registered_only", default=None)
+
+
+@contextlib.contextmanager
+def registered_only(why: str) -> Iterator[None]:
+    """Within this block, `load` accepts registered names, hub ids and folders but no 'pkg.module:Class'.
+
+    For strings that come from untrusted places (a downloaded folder's card, a network request): naming a
+    class imports its module, which runs code. Nested loads (a backbone named in the options) inherit it.
+    """
+    token = _REGISTERED_ONLY.set(why)
+    try:
+        yield
+    finally:
+        _REGISTERED_ONLY.reset(token)
+
+
+def is_reward_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Reward)
+
+
+_SKIPPED_PARAMS = {"self", "checkpoint", "weights"}
+
+
+def accepted_options(fn: Callable[..., Any]) -> tuple[list[str], bool]:
+    """(the keyword options `fn` accepts, whether that list is exact).
+
+    With **kwargs the list follows them into the class `fn` is annotated to return, and is a lower bound:
+    loaders may consume more options themselves.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return [], False
+    params = sig.parameters.values()
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+             and p.name not in _SKIPPED_PARAMS]
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        return sorted(names), True
+    try:
+        ret = typing.get_type_hints(fn).get("return")
+    except Exception:  # noqa: BLE001 - unresolvable annotations: list what the signature shows
+        ret = fn if isinstance(fn, type) else None
+    for cls in ret.__mro__ if is_reward_class(ret) else ():
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        init_params = list(inspect.signature(init).parameters.values())
+        # parameters without a default are the objects the loader builds (model, tokenizer), not options
+        names += [p.name for p in init_params if p.default is not p.empty
+                  and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if not any(p.kind == p.VAR_KEYWORD for p in init_params):
+            break
+    return sorted(set(names)), False
+
+
+def _unknown_option_error(what: str, unknown: list[str], accepted: list[str], exact: bool) -> UnknownOptionError:
+    listing = f"It accepts: {', '.join(accepted) or 'no options'}." if exact else (
+        f"Its options include: {', '.join(accepted)}." if accepted else "See its loader's docstring for its options."
+    )
+    hints = [m for u in unknown for m in difflib.get_close_matches(u, accepted, n=1)]
+    hint = f" Did you mean {', '.join(repr(h) for h in hints)}?" if hints else ""
+    return UnknownOptionError(f"{what} got unknown option(s) {', '.join(repr(u) for u in unknown)}.{hint} {listing}")
+
+
+def _call_checked(fn: Callable[..., Any], what: str, args: tuple, fixed: dict[str, Any], options: dict[str, Any]) -> Any:
+    """fn(*args, **fixed, **options); the user's `options` are checked first where fn's signature is exact."""
+    accepted, exact = accepted_options(fn)
+    if exact:
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise _unknown_option_error(what, unknown, accepted, exact)
+    try:
+        return fn(*args, **fixed, **options)
+    except TypeError as exc:
+        if isinstance(exc, MMRewardError):
+            raise
+        # an option forwarded through **kwargs to a constructor that does not take it
+        match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if match and match.group(1) in options:
+            raise _unknown_option_error(what, [match.group(1)], accepted, exact) from exc
+        raise
 
 
 def load(
@@ -139,17 +239,30 @@ def load(
     """Build a ready-to-score reward (eval mode, frozen parameters) on `device` in `dtype`.
 
     weights="random" builds the architecture with random weights and is only ever done on request:
-    a silently random reward is the worst bug a reward library can ship.
+    a silently random reward is the worst bug a reward library can ship. Pretrained weights load
+    strictly (missing, extra or wrong-shaped keys are a CheckpointError) and never through pickle.
+
+    `options` go to the reward's loader; an option it does not accept is an UnknownOptionError that
+    lists the accepted ones.
+
+    Security: a source "pkg.module:Class" imports `pkg.module` (running its top-level code, as
+    transformers' trust_remote_code does) and must name a Reward subclass; anything else is refused
+    before it is called. So a config or request that can name `module:Class` can run code: only load
+    configs you trust, or pass registered names only.
     """
     if weights not in ("pretrained", "random"):
         raise CheckpointError(f"weights must be 'pretrained' or 'random', got {weights!r}")
     _ensure_builtins()
     src = parse_source(name_or_source, _REGISTRY)
     if src.kind == "class":
-        cls = import_object(src.value)
-        reward = cls(**options)
-        if not isinstance(reward, Reward):
-            raise CheckpointError(f"'{src.value}' built a {type(reward).__name__}, not an mmreward.Reward")
+        why = _REGISTERED_ONLY.get()
+        if why is not None:
+            raise UnknownRewardError(
+                f"'{src.value}' names a Python class, which is not allowed in {why} (importing a module runs "
+                f"its code). Use a registered reward name: {', '.join(sorted(_REGISTRY))}"
+            )
+        cls = import_object(src.value, is_reward_class, "an mmreward.Reward subclass")
+        reward = _call_checked(cls, f"'{src.value}'", (), {}, options)
         return _finalize(reward, device, dtype)
     if src.kind == "hub":
         spec, tag = _spec_for_repo(src.value)
@@ -157,8 +270,9 @@ def load(
     elif src.kind == "local":
         card = _read_card(Path(src.value))
         spec, tag = get_spec(card["reward"]), None
-        options = {**card.get("options", {}), **options}
         checkpoint = checkpoint or src.value
+        with registered_only(f"the card {Path(src.value) / CARD_FILE}"):
+            return load(spec.name, checkpoint, device, dtype, weights, **{**card.get("options", {}), **options})
     else:
         spec, tag = get_spec(src.value), src.tag
     if tag is not None and checkpoint is None:
@@ -184,7 +298,9 @@ def load(
             )
     if checkpoint is not None:
         checkpoint = os.fspath(checkpoint)
-    reward = spec.get_loader()(checkpoint, weights=weights, **options)
+    reward = _call_checked(spec.get_loader(), f"reward '{spec.name}'", (checkpoint,), {"weights": weights}, options)
+    if not isinstance(reward, Reward):
+        raise CheckpointError(f"the loader of reward '{spec.name}' returned a {type(reward).__name__}, not a Reward")
     return _finalize(reward, device, dtype)
 
 

@@ -68,7 +68,7 @@ def test_tags_class_sources_and_local_cards(tmp_path):
 
     r = mmreward.load("mmreward.models.mock:MockReward", micro_batch_size=2)
     assert r.micro_batch_size == 2
-    with pytest.raises(CheckpointError, match="not an mmreward.Reward"):
+    with pytest.raises(UnknownRewardError, match="not an mmreward.Reward"):
         mmreward.load("collections:OrderedDict")
     with pytest.raises(CheckpointError, match="weights must be"):
         mmreward.load("mock", weights="zeros")

@@ -121,7 +121,9 @@ def load_grounding_dino(checkpoint: str | os.PathLike | None, *, weights: str = 
     if source.startswith("hf-hub:"):
         source = source[len("hf-hub:") :]
     try:
-        model = AutoModelForZeroShotObjectDetection.from_pretrained(source).eval()
+        from mmreward.checkpoints import load_pretrained
+
+        model = load_pretrained(AutoModelForZeroShotObjectDetection, source).eval()
         processor = AutoProcessor.from_pretrained(source)
     except OSError as exc:
         raise CheckpointError(

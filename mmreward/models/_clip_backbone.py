@@ -8,7 +8,6 @@ inference mode (under no_grad) so they can enter an autograd graph on the differ
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -16,7 +15,14 @@ from typing import Any
 
 import torch
 
-from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
+from mmreward.checkpoints import (
+    load_files,
+    load_pretrained,
+    load_state_dict,
+    load_strict,
+    read_json,
+    resolve_files,
+)
 from mmreward.errors import CheckpointError, ConfigError
 from mmreward.models._image_preprocess import ImagePreprocess
 
@@ -168,21 +174,17 @@ def load_hf_clip_model(checkpoint: str, *, weights: str, config: dict[str, Any] 
         if config is not None:
             cfg = CLIPConfig(**config)
         else:
-            cfg = CLIPConfig.from_pretrained(str(resolve_files(checkpoint, ["config.json"])["config.json"].parent))
+            cfg_file = resolve_files(checkpoint, ["config.json"])["config.json"]
+            try:
+                cfg = CLIPConfig(**read_json(cfg_file, "model config"))
+            except (TypeError, ValueError) as exc:
+                raise CheckpointError(f"{cfg_file} is not a valid CLIP config: {exc}") from exc
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
             return CLIPModel(cfg).eval()
     folder = hf_folder(checkpoint)
-    model, info = CLIPModel.from_pretrained(str(folder), output_loading_info=True)
-    missing = list(info.get("missing_keys", []))
-    unexpected = [k for k in info.get("unexpected_keys", []) if k not in _HF_LEGACY_BUFFERS]
-    mismatched = list(info.get("mismatched_keys", []))
-    if missing or unexpected or mismatched:
-        raise CheckpointError(
-            f"weights in {folder} do not match CLIPModel: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-            f"shape mismatches {mismatched[:3]}. Is this a transformers CLIP checkpoint?"
-        )
+    model = load_pretrained(CLIPModel, folder, ignore_unexpected=_HF_LEGACY_BUFFERS)
     return model.float().eval()
 
 
@@ -198,7 +200,7 @@ def load_hf_clip_tokenizer(source: str | os.PathLike | None):
             f"'{source}' holds no CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt); "
             "pass tokenizer='<folder or hub id with the tokenizer files>'"
         )
-    return CLIPTokenizerFast.from_pretrained(str(next(iter(files.values())).parent))
+    return load_files(CLIPTokenizerFast.from_pretrained, next(iter(files.values())).parent, "CLIP tokenizer")
 
 
 def has_files(checkpoint: str | None, names: tuple[str, ...]) -> bool:
@@ -233,7 +235,7 @@ def read_hf_preprocess(
     kwargs: dict[str, Any] = {}
     files = resolve_files(checkpoint, [], optional=["preprocessor_config.json"]) if checkpoint else {}
     if "preprocessor_config.json" in files:
-        cfg = json.loads(files["preprocessor_config.json"].read_text())
+        cfg = read_json(files["preprocessor_config.json"], "preprocessor config")
         s = cfg.get("size", size)
         size = int(s.get("shortest_edge", size)) if isinstance(s, dict) else int(s)
         c = cfg.get("crop_size", crop)
@@ -352,7 +354,9 @@ def build_open_clip_backbone(
         if checkpoint is None:
             raise ConfigError("open_clip backbone: pass a checkpoint, model_name or model_cfg")
         cfg_path = resolve_files(checkpoint, [OPEN_CLIP_CONFIG])[OPEN_CLIP_CONFIG]
-        data = json.loads(cfg_path.read_text())
+        data = read_json(cfg_path, "open_clip config")
+        if not isinstance(data.get("model_cfg"), dict):
+            raise CheckpointError(f"{cfg_path} has no 'model_cfg' object; is this an open_clip hub-layout folder?")
         model_cfg, preprocess_cfg = data["model_cfg"], data.get("preprocess_cfg")
     elif model_cfg is None:
         model_cfg = open_clip.get_model_config(model_name)

@@ -92,11 +92,17 @@ def load_vlm(source: str, dtype: torch.dtype = torch.float32):
     """AutoModelForImageTextToText.from_pretrained with offline-safe errors."""
     from transformers import AutoModelForImageTextToText
 
+    from mmreward.checkpoints import load_pretrained
+
     path, local = local_or_hub(source)
     try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            path, local_files_only=local or hub_is_offline(), dtype=dtype
+        model = load_pretrained(
+            AutoModelForImageTextToText, path, local_files_only=local or hub_is_offline(), dtype=dtype
         )
+    except CheckpointError as exc:
+        if local:
+            raise
+        raise CheckpointError(f"{exc} Download it on a connected machine (`hf download {path}`).") from exc
     except Exception as exc:  # noqa: BLE001 - hub/network errors come in many types
         raise CheckpointError(
             f"cannot load the VLM '{source}': {exc}. Download it on a connected machine "

@@ -140,11 +140,14 @@ def load_classifier(
 
     from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
 
-    try:
-        builder = getattr(torchvision.models, arch)
-    except AttributeError:
-        raise ConfigError(f"arch must name a torchvision classification model (e.g. 'mobilenet_v2'), got {arch!r}") from None
-    model = builder(weights=None)
+    # only torchvision's own list of classification builders: `arch` comes from configs and cards
+    archs = torchvision.models.list_models(module=torchvision.models)
+    if arch not in archs:
+        raise ConfigError(
+            f"arch must name a torchvision classification model (e.g. 'mobilenet_v2'), got {arch!r}; "
+            f"torchvision has {', '.join(archs)}"
+        )
+    model = torchvision.models.get_model(arch, weights=None)
     if weights == "pretrained":
         if checkpoint is None:
             if arch != "mobilenet_v2":

@@ -97,6 +97,7 @@ class CompositionalReward(Reward):
 def _owlv2(checkpoint: str | None, weights: str, detector_options: dict):
     from transformers import Owlv2ForObjectDetection, Owlv2Processor
 
+    from mmreward.checkpoints import load_pretrained
     from mmreward.errors import CheckpointError
     from mmreward.geneval.owlv2 import OWLv2Detector, save_tiny_owlv2
 
@@ -110,7 +111,7 @@ def _owlv2(checkpoint: str | None, weights: str, detector_options: dict):
     if source.startswith("hf-hub:"):
         source = source[len("hf-hub:") :]
     try:
-        model = Owlv2ForObjectDetection.from_pretrained(source).eval()
+        model = load_pretrained(Owlv2ForObjectDetection, source).eval()
         processor = Owlv2Processor.from_pretrained(source)
     except OSError as exc:
         raise CheckpointError(

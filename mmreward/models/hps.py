@@ -100,11 +100,29 @@ def _load(
     return reward
 
 
-def load_hpsv2(checkpoint: str | None, **options: Any) -> HPSv2:
-    return _load(checkpoint, options.pop("filename", FILES["hpsv2"]), **options)
+def load_hpsv2(
+    checkpoint: str | None,
+    *,
+    weights: str = "pretrained",
+    filename: str = FILES["hpsv2"],
+    model_cfg: dict[str, Any] | None = None,
+    cache_size: int = 4096,
+    micro_batch_size: int = 32,
+) -> HPSv2:
+    return _load(checkpoint, filename, weights=weights, model_cfg=model_cfg, cache_size=cache_size,
+                 micro_batch_size=micro_batch_size)
 
 
-def load_hpsv2_1(checkpoint: str | None, **options: Any) -> HPSv2:
-    reward = _load(checkpoint, options.pop("filename", FILES["hpsv2.1"]), **options)
+def load_hpsv2_1(
+    checkpoint: str | None,
+    *,
+    weights: str = "pretrained",
+    filename: str = FILES["hpsv2.1"],
+    model_cfg: dict[str, Any] | None = None,
+    cache_size: int = 4096,
+    micro_batch_size: int = 32,
+) -> HPSv2:
+    reward = _load(checkpoint, filename, weights=weights, model_cfg=model_cfg, cache_size=cache_size,
+                   micro_batch_size=micro_batch_size)
     reward.name = "hpsv2.1"
     return reward

@@ -19,7 +19,6 @@ output cannot be cached per prompt.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -344,7 +343,7 @@ def load_bert_tokenizer(source: str):
     """bert-base-uncased's WordPiece tokenizer plus BLIP's two added tokens ([DEC] as bos, [ENC])."""
     from transformers import BertTokenizerFast
 
-    from mmreward.checkpoints import resolve_files
+    from mmreward.checkpoints import load_files, resolve_files
     from mmreward.errors import CheckpointError
 
     files = resolve_files(source, [], optional=BERT_TOKENIZER_FILES)
@@ -353,7 +352,7 @@ def load_bert_tokenizer(source: str):
             f"'{source}' holds no BERT tokenizer (vocab.txt or tokenizer.json). ImageReward tokenises with "
             f"bert-base-uncased: pass tokenizer='<folder or hub id>' or put vocab.txt next to {WEIGHTS_FILE}"
         )
-    tok = BertTokenizerFast.from_pretrained(str(next(iter(files.values())).parent))
+    tok = load_files(BertTokenizerFast.from_pretrained, next(iter(files.values())).parent, "BERT tokenizer")
     tok.add_special_tokens({"bos_token": "[DEC]"})
     tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
     return tok
@@ -373,7 +372,7 @@ def load_imagereward(
 ) -> ImageReward:
     """checkpoint: a folder or hub repo holding ImageReward.pt and med_config.json (and optionally the BERT
     tokenizer's vocab.txt), or the ImageReward.pt file itself with med_config.json beside it."""
-    from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
+    from mmreward.checkpoints import load_state_dict, load_strict, read_json, resolve_files
     from mmreward.errors import CheckpointError, ConfigError
     from mmreward.models._image_preprocess import ImagePreprocess
 
@@ -410,7 +409,7 @@ def load_imagereward(
         else:
             files = resolve_files(checkpoint, [WEIGHTS_FILE, MED_CONFIG_FILE])
             weight_file, med_file = files[WEIGHTS_FILE], files[MED_CONFIG_FILE]
-        med = json.loads(Path(med_file).read_text())
+        med = read_json(med_file, "ImageReward med_config")
         sd = load_state_dict(weight_file)
         if "blip.visual_encoder.pos_embed" not in sd:
             raise CheckpointError(f"{weight_file} is not an ImageReward state dict (no blip.visual_encoder.pos_embed)")

@@ -142,13 +142,9 @@ def load_realism_classifier(
 
             model = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(source))
         else:
-            model, info = AutoModelForImageClassification.from_pretrained(source, output_loading_info=True)
-            bad = {k: list(v)[:5] for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-            if bad:
-                raise CheckpointError(
-                    f"weights in '{source}' do not match {type(model).__name__}: {bad}. Is this an image-classification "
-                    "checkpoint saved with save_pretrained?"
-                )
+            from mmreward.checkpoints import load_pretrained
+
+            model = load_pretrained(AutoModelForImageClassification, source)
         processor = AutoImageProcessor.from_pretrained(source)
     except OSError as exc:
         raise CheckpointError(
@@ -218,18 +214,16 @@ def _load_fc(path, dim: int) -> torch.nn.Linear:
     # a whole UnivFD model state dict holds the probe under "fc."
     if "fc.weight" in sd:
         sd = {k[len("fc.") :]: v for k, v in sd.items() if k.startswith("fc.")}
-    if set(sd) != {"weight", "bias"} or sd["weight"].ndim != 2:
+    weight = sd.get("weight")
+    is_matrix = isinstance(weight, torch.Tensor) and weight.ndim == 2
+    if is_matrix and weight.shape[1] != dim:
         raise CheckpointError(
-            f"{path} should hold UnivFD's linear probe {{'weight': (1, D), 'bias': (1,)}}, got keys {sorted(sd)[:6]}"
-        )
-    out, d = sd["weight"].shape
-    if d != dim:
-        raise CheckpointError(
-            f"{path}: the probe expects {d}-dim CLIP features but the backbone gives {dim} "
+            f"{path}: the probe expects {weight.shape[1]}-dim CLIP features but the backbone gives {dim} "
             "(UnivFD's fc_weights.pth is for CLIP ViT-L/14, 768-dim); pass the matching backbone="
         )
-    fc = torch.nn.Linear(d, out)
-    load_strict(fc, sd, str(path))
+    fc = torch.nn.Linear(dim, weight.shape[0] if is_matrix else 1)
+    # strict: names every missing, extra or mis-shaped key of the probe {'weight': (1, D), 'bias': (1,)}
+    load_strict(fc, sd, f"{path} (UnivFD's linear probe)")
     return fc
 
 

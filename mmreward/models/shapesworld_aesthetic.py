@@ -77,10 +77,10 @@ def load_shapesworld_aesthetic(checkpoint=None, *, weights="pretrained", **optio
             num_attention_heads=4, projection_dim=64,
         ))
         return AestheticHeadReward(vision, build_head(64), **options)
-    from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
+    from mmreward.checkpoints import load_pretrained, load_state_dict, load_strict, resolve_files
 
     files = resolve_files(checkpoint, ["config.json", "model.safetensors", HEAD_FILE])
-    vision = CLIPVisionModelWithProjection.from_pretrained(str(files["config.json"].parent))
+    vision = load_pretrained(CLIPVisionModelWithProjection, files["config.json"].parent)
     head = build_head(vision.config.projection_dim)
     load_strict(head, load_state_dict(files[HEAD_FILE]), str(files[HEAD_FILE]))
     return AestheticHeadReward(vision.float().eval(), head, **options)

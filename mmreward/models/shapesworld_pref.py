@@ -74,12 +74,12 @@ def load_clip_folder(checkpoint: str | None, weights: str):
 
         tok = build_shapes_tokenizer(tempfile.mkdtemp(prefix="shapes_tok_"))
         return build_clip(len(tok)), tok
-    from mmreward.checkpoints import resolve_files
+    from mmreward.checkpoints import load_files, load_pretrained, resolve_files
 
     files = resolve_files(checkpoint, ["config.json", "model.safetensors", "tokenizer_config.json"],
                           optional=["vocab.json", "merges.txt", "tokenizer.json"])
     folder = str(files["config.json"].parent)
-    return CLIPModel.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    return load_pretrained(CLIPModel, folder), load_files(AutoTokenizer.from_pretrained, folder, "tokenizer")
 
 
 def load_shapesworld_pref(checkpoint=None, *, weights="pretrained", **options) -> CLIPPreferenceReward:

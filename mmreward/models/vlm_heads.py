@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
+from mmreward.checkpoints import load_state_dict, load_strict, read_json, resolve_files
 from mmreward.errors import CheckpointError, RewardInputError
 from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
@@ -341,7 +341,7 @@ def load_videoalign(checkpoint=None, *, weights="pretrained", base_model: str | 
             raise CheckpointError("videoalign needs a checkpoint folder or hub id")
         folder = _videoalign_folder(checkpoint)
         cfg_path = resolve_files(folder, ["model_config.json"])["model_config.json"]
-        cfg = json.loads(cfg_path.read_text())
+        cfg = read_json(cfg_path, "VideoReward model config")
     model_cfg = cfg.get("model_config", {})
     data_cfg = cfg.get("data_config", {})
     if tiny:
@@ -385,12 +385,8 @@ def load_videoalign(checkpoint=None, *, weights="pretrained", base_model: str | 
             if not head_sd:
                 raise CheckpointError(f"{files['non_lora_state_dict.pth']} holds no rm_head weights")
             load_strict(head, head_sd, source + " (rm_head)")
-            rest = _qwen_vl.legacy_to_current_keys(rest)
-            own = vlm.state_dict()
-            unknown = sorted(set(rest) - set(own))
-            if unknown:
-                raise CheckpointError(f"non-LoRA weights in {source} do not match the model: unexpected keys {unknown[:5]}")
-            vlm.load_state_dict(rest, strict=False)
+            # the non-LoRA file overlays the trained modules on the (strictly loaded) base model
+            load_strict(vlm, _qwen_vl.legacy_to_current_keys(rest), str(files["non_lora_state_dict.pth"]), partial=True)
             lora = _qwen_vl.legacy_to_current_keys(load_state_dict(files["adapter_model.safetensors"]), prefix)
             lcfg = cfg.get("peft_lora_config", {})
             r, alpha = int(lcfg.get("lora_r", 16)), float(lcfg.get("lora_alpha", 32))

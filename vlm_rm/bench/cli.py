@@ -15,7 +15,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="evaluate a reward model on a reward-model benchmark")
     p.add_argument("--reward", help="registered reward name, hub id, folder or pkg.module:Class")
     p.add_argument("--judge", help="registered judge name (e.g. unifiedreward) or pkg.module:factory returning a "
-                                   "judge callable (prompts, media) -> texts")
+                                   "judge callable (prompts, media) -> texts; the factory must be declared with "
+                                   "@vlm_rm.bench.judges.judge_factory (naming a module imports it, i.e. runs its code)")
     p.add_argument("--load-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra mmreward.load option of the reward/judge, e.g. backend=openai, tiny=true (JSON values)")
     p.add_argument("--pointwise", action="store_true",
@@ -85,6 +86,18 @@ def check_args(args: argparse.Namespace) -> None:
     _orders(args.orders)
 
 
+def resolve_judge_factory(path: str):
+    """'pkg.module:factory' -> the factory, only if declared with @vlm_rm.bench.judges.judge_factory.
+
+    Importing the module runs its code (the command line names code on purpose); the declaration check
+    keeps the flag from calling arbitrary callables such as subprocess:run.
+    """
+    from mmreward.checkpoints import import_object
+    from vlm_rm.bench.judges import is_judge_factory
+
+    return import_object(path, is_judge_factory, "a judge factory declared with @vlm_rm.bench.judges.judge_factory")
+
+
 def run(args: argparse.Namespace) -> int:
     from vlm_rm.bench.api import run_benchmark
     from vlm_rm.bench.results import EvalPolicy
@@ -107,9 +120,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.reward or args.judge
     info = {"checkpoint": args.checkpoint, "weights": args.weights, **({"load_options": load_options} if load_options else {})}
     if args.judge and ":" in args.judge:
-        from mmreward.checkpoints import import_object
-
-        kwargs["judge"] = import_object(args.judge)()
+        kwargs["judge"] = resolve_judge_factory(args.judge)()
         info = {"judge": args.judge}
     else:
         import mmreward

@@ -13,6 +13,21 @@ from collections.abc import Callable
 
 Judge = Callable[[list[str], list[list[str]]], list[str]]
 
+_FACTORY_MARK = "__vlm_rm_judge_factory__"
+
+
+def judge_factory(fn: Callable[[], Judge]) -> Callable[[], Judge]:
+    """Declare `fn` (no arguments -> a Judge) nameable as `vlm-rm bench --judge pkg.module:fn`.
+
+    Only declared factories can be named: the CLI never calls an arbitrary importable callable.
+    """
+    setattr(fn, _FACTORY_MARK, True)
+    return fn
+
+
+def is_judge_factory(obj: object) -> bool:
+    return callable(obj) and getattr(obj, _FACTORY_MARK, False) is True
+
 # Multimodal RewardBench: the verdict is "[[A]]" or "[[B]]" (first one found; A is checked first
 # like the published scorer).
 def parse_ab_brackets(text: str) -> str | None:
