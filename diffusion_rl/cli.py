@@ -60,10 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
-    from diffusion_rl.trainer import Trainer
+    from mmreward.errors import MissingExtraError
 
-    trainer = Trainer(cfg)
-    history = trainer.fit()
+    try:
+        from diffusion_rl.trainer import Trainer
+
+        trainer = Trainer(cfg)
+        history = trainer.fit()
+    except MissingExtraError as exc:  # diffusers, peft, tensorboard...: a set-up error, one line
+        print(f"diffusion-rl: {exc}", file=sys.stderr)
+        return 2
     if trainer.accelerator.is_main_process:
         evals = [h for h in history if any(k.startswith("eval/") for k in h)]
         if len(evals) >= 2:
