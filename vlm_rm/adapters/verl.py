@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import weakref
 from collections.abc import Sequence
 from functools import lru_cache
@@ -43,6 +44,8 @@ VERL_RUNTIME_KWARGS = frozenset({
     "sandbox_fusion_url", "concurrent_semaphore", "memory_limit_mb", "tokenizer",
 })
 _warned: set[str] = set()
+# the Reward Loop runs sync compute_score in a thread pool: load the reward once, not once per thread
+_load_lock = threading.Lock()
 
 
 @lru_cache(maxsize=4)
@@ -96,7 +99,9 @@ def reward_from_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> RewardC
     checkpoint, device, dtype = (None if opts.get(k) is None else str(opts[k]) for k in ("checkpoint", "device", "dtype"))
     key = (str(opts.get("reward", "clipscore")), checkpoint, device, dtype, str(opts.get("weights", "pretrained")),
            options_json)
-    return RewardConfig(_cached_reward(*key), scale, shift, batch_size, key + (scale, shift, batch_size))
+    with _load_lock:
+        reward = _cached_reward(*key)
+    return RewardConfig(reward, scale, shift, batch_size, key + (scale, shift, batch_size))
 
 
 def _sample_media(data_source: Any, ground_truth: Any, extra_info: Any) -> str:
