@@ -30,8 +30,9 @@ def save_grid(images: torch.Tensor, path: str | Path, ncol: int = 8) -> Path:
 
 def plot_curves(history: list[dict[str, Any]], path: str | Path) -> Path | None:
     """Training reward per iteration and held-out evaluation (mean +/- 1 SE) on one figure."""
-    import matplotlib
+    from mmreward.errors import DIFFUSION_EXTRA, require
 
+    matplotlib = require("matplotlib", DIFFUSION_EXTRA, "reward curves (plot_curves)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

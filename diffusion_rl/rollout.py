@@ -25,7 +25,10 @@ import numpy as np
 import torch
 
 from diffusion_rl.kernels import Kernel, StepResult, ddim_alphas
-from mmreward.errors import CheckpointError, ConfigError
+from mmreward.errors import DIFFUSION_EXTRA, CheckpointError, ConfigError, require_installed
+
+# every rollout drives a diffusers pipeline: name the extra at import instead of failing deep inside a run
+require_installed("diffusers", DIFFUSION_EXTRA, "diffusion_rl (reward fine-tuning of diffusers pipelines)")
 
 # ----------------------------------------------------------------------------------------------
 # counter-based noise

@@ -181,7 +181,9 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         if cfg.model.lora:
-            from peft import LoraConfig
+            from mmreward.errors import DIFFUSION_EXTRA, require
+
+            LoraConfig = require("peft", DIFFUSION_EXTRA, "model.lora").LoraConfig
 
             torch.manual_seed(cfg.train.seed)  # LoRA's random init must not depend on the process or run
             targets = cfg.model.lora_targets or DEFAULT_LORA_TARGETS[self.adapter.family]
@@ -511,7 +513,7 @@ class Trainer:
         if cfg.tensorboard:
             from mmreward.errors import require
 
-            require("tensorboard", "dev", "log.tensorboard")
+            require("tensorboard", "tracking", "log.tensorboard")
             from torch.utils.tensorboard import SummaryWriter
 
             writer = SummaryWriter(str(self.out_dir / "tensorboard"))
@@ -520,7 +522,7 @@ class Trainer:
         if cfg.wandb:
             from mmreward.errors import require
 
-            wandb = require("wandb", "dev", "log.wandb")
+            wandb = require("wandb", "tracking", "log.wandb")
             run = wandb.init(project="diffusion_rl", config=self.cfg.to_dict(), dir=str(self.out_dir))
             self._trackers.append(lambda m: run.log(m, step=m["iteration"]))
 

@@ -144,6 +144,9 @@ def resolve_files(
     that lists exactly what is needed.
     """
     ckpt = os.fspath(checkpoint)
+    from mmreward.synthetic.assets import resolve_asset
+
+    ckpt = resolve_asset(ckpt)  # 'mmreward-assets:shapesworld/pref': the shipped folder, wherever installed
     if ckpt.startswith(LOCAL_PREFIX):
         ckpt = ckpt[len(LOCAL_PREFIX) :]
     if ckpt.startswith(HUB_PREFIX):

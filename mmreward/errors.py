@@ -42,6 +42,24 @@ class MissingExtraError(MMRewardError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
+DIFFUSION_EXTRA = "diffusion"  # diffusers, peft, matplotlib: training and sampling, never needed to score
+
+
+def require_installed(module: str, extra: str, feature: str) -> None:
+    """Raise a MissingExtraError naming the extra when `module` is not installed, without importing it."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module stubbed out as None
+        found = False
+    if not found:
+        raise MissingExtraError(
+            f"{feature} needs the optional package '{module}', which is not installed. "
+            f"Install it with: pip install 'mmreward[{extra}]'"
+        )
+
+
 def require(module: str, extra: str, feature: str):
     """Import an optional dependency or raise a MissingExtraError naming the extra that provides it."""
     import importlib

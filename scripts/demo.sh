@@ -3,7 +3,7 @@
 # fine-tuning run (GRPO with the exact ShapesEval reward) of the tiny ShapesWorld text-to-image generator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh diffusion  # the demo trains the generator: diffusers, peft, matplotlib
 export HF_HUB_OFFLINE=1
 echo "== mmreward list"
 .venv/bin/mmreward list

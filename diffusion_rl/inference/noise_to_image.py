@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mmreward.errors import ConfigError, RewardInputError
+from mmreward.errors import DIFFUSION_EXTRA, ConfigError, RewardInputError, require_installed
 
 _FAMILIES = ("flux", "sd3", "sdxl", "sd")
 _MASK64 = (1 << 64) - 1
@@ -131,6 +131,7 @@ class NoiseToImage:
         **kwargs: Any,
     ) -> NoiseToImage:
         """Load any diffusers pipeline folder or hub id (cache-first; offline needs a local copy)."""
+        require_installed("diffusers", DIFFUSION_EXTRA, "NoiseToImage.from_pretrained")
         from diffusion_rl.rollout import pipeline_from_pretrained
 
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype

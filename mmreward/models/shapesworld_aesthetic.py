@@ -16,9 +16,8 @@ HEAD_FILE = "aesthetic_head.safetensors"
 
 
 def _default() -> str:
-    from mmreward.synthetic.assets import AESTHETIC_DIR
-
-    return str(AESTHETIC_DIR)
+    # resolved when loaded, so the default works from a checkout, a wheel or $MMREWARD_ASSETS
+    return "mmreward-assets:shapesworld/aesthetic"
 
 
 SPECS = [

@@ -17,9 +17,8 @@ from mmreward.types import Reward, RewardOutput
 
 
 def _default(name: str) -> str:
-    from mmreward.synthetic.assets import ROOT
-
-    return str(ROOT / name)
+    # resolved when loaded, so the default works from a checkout, a wheel or $MMREWARD_ASSETS
+    return f"mmreward-assets:shapesworld/{name}"
 
 
 SPECS = [

@@ -1,12 +1,14 @@
-"""An EasyR1 batch reward function built from any mmreward reward.
+"""EasyR1 reward functions built from any mmreward reward.
 
-EasyR1 (reward_type=batch) calls `compute_score(reward_inputs, **kwargs)` with one dict per
-response ({"response", "response_length", "ground_truth", ...}) and expects one dict of named
-scores per response, "overall" being the training reward. Images are not passed, so each
-ground_truth carries a media reference (`media_ref(path)`, see media_refs).
+EasyR1 loads `worker.reward.reward_function=<this file>:compute_score` and calls
+`partial(compute_score, **reward_function_kwargs)` either with a list of reward inputs
+(reward_type=batch: one reward call for the whole batch) or with one input dict
+(reward_type=sequential). An input is {"response", "response_length", "ground_truth", ...}; the
+answer is one dict of named scores per input, "overall" being the training reward. Images are not
+passed, so each ground_truth carries a media reference (`media_ref(path)`, see media_refs).
 
-Use this file as EasyR1's `worker.reward.reward_function=<this file>:compute_score` and pass the
-reward through `worker.reward.reward_function_kwargs` ({reward: clipscore, checkpoint: ...}).
+reward_function_kwargs choose the reward ({reward: clipscore, checkpoint: ..., device: ..., scale:,
+shift:, batch_size:, options: {...}}); other keyword arguments are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ from typing import Any
 from mmreward.errors import RewardInputError
 from vlm_rm.adapters.media_refs import find_media
 from vlm_rm.adapters.scoring import score_pairs
-from vlm_rm.adapters.verl import _from_kwargs
-
-REWARD_NAME = "batch"  # EasyR1 reads the reward type from its config; this documents the one we need
+from vlm_rm.adapters.verl import reward_from_kwargs
 
 
-def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, key: str | None = None):
-    """A batch compute_score bound to a loaded reward; `key` names the score next to "overall"."""
+def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, key: str | None = None,
+                       batch_size: int | None = None):
+    """A compute_score bound to a loaded reward; `key` names the score next to "overall"."""
     key = key or getattr(reward, "name", "reward")
 
-    def compute(reward_inputs: list[dict[str, Any]], **_: Any) -> list[dict[str, float]]:
-        if not isinstance(reward_inputs, list):
-            raise RewardInputError("EasyR1: this reward needs reward_type=batch (a list of reward inputs)")
+    def compute(reward_inputs: Any, **_: Any) -> Any:
+        if isinstance(reward_inputs, dict):  # reward_type=sequential: one input, one score dict
+            return compute([reward_inputs])[0]
+        if not isinstance(reward_inputs, (list, tuple)) or not all(isinstance(it, dict) for it in reward_inputs):
+            raise RewardInputError(
+                "EasyR1: expected a reward input dict (reward_type=sequential) or a list of them "
+                f"(reward_type=batch), got {type(reward_inputs).__name__}"
+            )
         media = []
         for i, item in enumerate(reward_inputs):
             found = find_media(item.get("ground_truth"), item.get("extra_info"), item.get("multi_modal_data"))
@@ -37,13 +43,14 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, k
                     "vlm_rm.adapters.media_refs.media_ref('<image path>', answer=...)"
                 )
             media.append(found[0])
-        values = score_pairs(reward, [it["response"] for it in reward_inputs], media, scale=scale, shift=shift)
+        values = score_pairs(reward, [it["response"] for it in reward_inputs], media, scale=scale, shift=shift,
+                             batch_size=batch_size)
         return [{"overall": 0.0 if v is None else v, key: 0.0 if v is None else v} for v in values]
 
     return compute
 
 
-def compute_score(reward_inputs: list[dict[str, Any]], **reward_kwargs: Any) -> list[dict[str, float]]:
-    """EasyR1 entry point; reward_kwargs choose the reward: reward=, checkpoint=, device=, scale=, shift=."""
-    reward, scale, shift = _from_kwargs(reward_kwargs)
-    return make_compute_score(reward, scale=scale, shift=shift)(reward_inputs)
+def compute_score(reward_inputs: Any, **reward_kwargs: Any) -> Any:
+    """EasyR1 entry point (batch or sequential); reward_kwargs choose the reward, other kwargs are ignored."""
+    cfg = reward_from_kwargs(reward_kwargs, trainer="EasyR1")
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch_size=cfg.batch_size)(reward_inputs)

@@ -16,6 +16,9 @@ from vlm_rm.adapters.media_refs import find_media
 from vlm_rm.adapters.scoring import compose_text, first_image, score_pairs
 
 IMAGE_COLUMNS = ("images", "image")
+# What GRPOTrainer passes besides the dataset columns (trl 1.x); never searched for media references.
+TRAINER_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments", "step",
+                            "run_name"})
 
 
 def _media_per_item(n: int, columns: dict[str, Any], image_column: str | None) -> list[Any]:
@@ -23,8 +26,8 @@ def _media_per_item(n: int, columns: dict[str, Any], image_column: str | None) -
     for key in keys:
         if key in columns:
             return [first_image(v) for v in columns[key]]
-    refs = [find_media(*(columns[k][i] for k in columns if isinstance(columns[k], list) and len(columns[k]) == n))
-            for i in range(n)]
+    data = [k for k in columns if k not in TRAINER_KWARGS and isinstance(columns[k], list) and len(columns[k]) == n]
+    refs = [find_media(*(columns[k][i] for k in data)) for i in range(n)]
     return [r[0] if r else None for r in refs]
 
 

@@ -1,78 +1,219 @@
 """verl custom reward functions built from any mmreward reward.
 
-verl calls `compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)`
-per sample (NaiveRewardManager) or `compute_score(data_sources, solution_strs, ground_truths,
-extra_infos, **reward_kwargs)` on a whole batch (BatchRewardManager). Its reward workers never see
-the images, so each sample carries a media reference in extra_info or ground_truth (media_refs).
+verl calls the function named by `custom_reward_function.name` with keyword arguments:
 
-Point verl's config at this file with `custom_reward_function.path=<this file>` and
-`custom_reward_function.name=compute_score` (or `compute_score_batch` with
-`reward_model.reward_manager=batch`), and choose the reward with `custom_reward_function.reward_kwargs`:
-{reward: clipscore, checkpoint: ..., text: completion}. The reward is loaded once per worker process.
+  - Reward Loop (verl's default): `compute_score(data_source=, solution_str=, ground_truth=,
+    extra_info=, reward_router_address=, reward_model_tokenizer=, ...)` per sample, awaited when the
+    function is `async def` (name `compute_score_async` here: concurrent samples of a worker are
+    scored together in one reward call), else run in a thread pool (`compute_score`);
+  - NaiveRewardManager: `compute_score(data_source, solution_str, ground_truth, extra_info)`;
+  - BatchRewardManager (`reward_model.reward_manager=batch`): `compute_score_batch(data_sources=,
+    solution_strs=, ground_truths=, extra_infos=)` on the whole batch.
+
+Every entry point also receives `custom_reward_function.reward_kwargs`, which choose the reward:
+{reward: clipscore, checkpoint: ..., device: cuda, dtype: float16, weights: pretrained, scale: 1.0,
+shift: 0.0, batch_size: 64, options: {<loader options>}}. Any other keyword argument (verl adds new
+ones between releases) is accepted and ignored. The reward is loaded once per worker process.
+
+verl's reward workers never see the images, so each sample carries a media reference in extra_info
+or ground_truth (see media_refs). A sample whose medium cannot be scored gets 0.0.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from mmreward.errors import RewardInputError
+from mmreward.errors import ConfigError, RewardInputError
 from vlm_rm.adapters.media_refs import find_media
 from vlm_rm.adapters.scoring import score_pairs
 
+logger = logging.getLogger(__name__)
+
+# The keys of custom_reward_function.reward_kwargs that this adapter reads.
+CONFIG_KEYS = frozenset({"reward", "checkpoint", "device", "dtype", "weights", "scale", "shift", "batch_size", "options"})
+# What verl's reward managers pass on their own; never meant for us, so ignored without a warning.
+VERL_RUNTIME_KWARGS = frozenset({
+    "reward_router_address", "reward_model_tokenizer", "reward_model", "strict_box_verify", "return_dict",
+    "sandbox_fusion_url", "concurrent_semaphore", "memory_limit_mb", "tokenizer",
+})
+_warned: set[str] = set()
+# the Reward Loop runs sync compute_score in a thread pool: load the reward once, not once per thread
+_load_lock = threading.Lock()
+
 
 @lru_cache(maxsize=4)
-def _cached_reward(name: str, checkpoint: str | None, device: str | None, weights: str, options: tuple):
+def _cached_reward(name: str, checkpoint: str | None, device: str | None, dtype: str | None, weights: str,
+                   options_json: str):
     import mmreward
 
-    return mmreward.load(name, checkpoint=checkpoint, device=device, weights=weights, **dict(options))
+    return mmreward.load(name, checkpoint=checkpoint, device=device, dtype=dtype, weights=weights,
+                         **json.loads(options_json))
 
 
-def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, batch: bool = False):
+class RewardConfig:
+    """The reward a trainer's kwargs choose, plus how its values are shaped and batched."""
+
+    def __init__(self, reward: Any, scale: float, shift: float, batch_size: int | None, key: tuple) -> None:
+        self.reward, self.scale, self.shift, self.batch_size, self.key = reward, scale, shift, batch_size, key
+
+
+def split_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> dict[str, Any]:
+    """The adapter's own settings from a trainer's keyword arguments; everything else is ignored."""
+    unknown = sorted(k for k in kwargs if k not in CONFIG_KEYS and k not in VERL_RUNTIME_KWARGS)
+    fresh = [k for k in unknown if k not in _warned]
+    if fresh:
+        _warned.update(fresh)
+        # a typo in reward_kwargs (e.g. 'chekpoint') would otherwise go unnoticed
+        logger.warning("%s reward: ignoring keyword arguments %s; the adapter reads %s (loader options go "
+                       "under options: {...})", trainer, fresh, sorted(CONFIG_KEYS))
+    return {k: v for k, v in kwargs.items() if k in CONFIG_KEYS}
+
+
+def reward_from_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> RewardConfig:
+    """Load (once per process) the reward named by a trainer's reward kwargs."""
+    opts = split_kwargs(kwargs, trainer)
+    options = opts.get("options") or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"{trainer} reward kwargs: options must be a mapping of loader options, "
+                          f"got {type(options).__name__}")
+    try:
+        options_json = json.dumps(dict(options), sort_keys=True)
+    except TypeError as exc:
+        raise ConfigError(f"{trainer} reward kwargs: options must hold plain values (str, number, bool, "
+                          f"list, dict): {exc}") from exc
+    try:
+        scale, shift = float(opts.get("scale", 1.0)), float(opts.get("shift", 0.0))
+        batch_size = None if opts.get("batch_size") is None else int(opts["batch_size"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{trainer} reward kwargs: scale and shift must be numbers and batch_size an "
+                          f"integer: {exc}") from exc
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"{trainer} reward kwargs: batch_size must be >= 1, got {batch_size}")
+    checkpoint, device, dtype = (None if opts.get(k) is None else str(opts[k]) for k in ("checkpoint", "device", "dtype"))
+    key = (str(opts.get("reward", "clipscore")), checkpoint, device, dtype, str(opts.get("weights", "pretrained")),
+           options_json)
+    with _load_lock:
+        reward = _cached_reward(*key)
+    return RewardConfig(reward, scale, shift, batch_size, key + (scale, shift, batch_size))
+
+
+def _sample_media(data_source: Any, ground_truth: Any, extra_info: Any) -> str:
+    found = find_media(extra_info, ground_truth)
+    if found is None:
+        raise RewardInputError(
+            f"verl sample from {data_source!r} carries no media reference: put "
+            "{'mmreward_media': '<image path>'} in extra_info or ground_truth (see vlm_rm.adapters.media_refs)"
+        )
+    return found[0]
+
+
+def _values(values: Sequence[float | None]) -> list[float]:
+    # verl needs a number for every sample; a failed item scores 0 rather than stopping the run
+    return [0.0 if v is None else v for v in values]
+
+
+def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, batch: bool = False,
+                       batch_size: int | None = None):
     """A verl compute_score (per-sample, or batched with batch=True) bound to a loaded reward."""
 
     def one(data_source, solution_str, ground_truth, extra_info=None, **_: Any) -> float:
-        media = find_media(extra_info, ground_truth)
-        if media is None:
-            raise RewardInputError(
-                f"verl sample from {data_source!r} carries no media reference: put "
-                "{'mmreward_media': '<image path>'} in extra_info (see vlm_rm.adapters.media_refs)"
-            )
-        value = score_pairs(reward, [solution_str], [media[0]], scale=scale, shift=shift)[0]
-        return 0.0 if value is None else value
+        media = _sample_media(data_source, ground_truth, extra_info)
+        return _values(score_pairs(reward, [solution_str], [media], scale=scale, shift=shift))[0]
 
-    def many(data_sources, solution_strs, ground_truths, extra_infos, **_: Any) -> list[float]:
-        media = []
-        for src, gt, info in zip(data_sources, ground_truths, extra_infos):
-            found = find_media(info, gt)
-            if found is None:
-                raise RewardInputError(f"verl sample from {src!r} carries no media reference in extra_info or ground_truth")
-            media.append(found[0])
-        values = score_pairs(reward, list(solution_strs), media, scale=scale, shift=shift)
-        return [0.0 if v is None else v for v in values]
+    def many(data_sources, solution_strs, ground_truths, extra_infos=None, **_: Any) -> list[float]:
+        n = len(solution_strs)
+        extra_infos = [None] * n if extra_infos is None else list(extra_infos)
+        if not len(data_sources) == len(ground_truths) == len(extra_infos) == n:
+            raise RewardInputError(
+                f"verl batch: data_sources, solution_strs, ground_truths and extra_infos must have one entry per "
+                f"sample; got {len(data_sources)}, {n}, {len(ground_truths)}, {len(extra_infos)}"
+            )
+        media = [_sample_media(s, g, i) for s, g, i in zip(data_sources, ground_truths, extra_infos)]
+        return _values(score_pairs(reward, list(solution_strs), media, scale=scale, shift=shift,
+                                   batch_size=batch_size))
 
     return many if batch else one
 
 
-def _from_kwargs(kwargs: dict[str, Any]):
-    opts = dict(kwargs)
-    name = opts.pop("reward", "clipscore")
-    checkpoint, device = opts.pop("checkpoint", None), opts.pop("device", None)
-    weights = opts.pop("weights", "pretrained")
-    scale, shift = float(opts.pop("scale", 1.0)), float(opts.pop("shift", 0.0))
-    reward = _cached_reward(name, checkpoint, device, weights, tuple(sorted(opts.items())))
-    return reward, scale, shift
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> float:
+    """verl entry point (per sample); reward kwargs choose the reward, verl's own kwargs are ignored."""
+    cfg = reward_from_kwargs(kwargs)
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift)(
+        data_source, solution_str, ground_truth, extra_info
+    )
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs: Any) -> float:
-    """verl entry point (per sample); reward_kwargs choose the reward: reward=, checkpoint=, device=, scale=, shift=."""
-    reward, scale, shift = _from_kwargs(reward_kwargs)
-    return make_compute_score(reward, scale=scale, shift=shift)(data_source, solution_str, ground_truth, extra_info)
-
-
-def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs: Any) -> list[float]:
-    """verl entry point for reward_manager=batch: one reward call for the whole batch."""
-    reward, scale, shift = _from_kwargs(reward_kwargs)
-    return make_compute_score(reward, scale=scale, shift=shift, batch=True)(
+def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs: Any) -> list[float]:
+    """verl entry point for reward_manager=batch: one reward call per batch_size samples."""
+    cfg = reward_from_kwargs(kwargs)
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch=True, batch_size=cfg.batch_size)(
         data_sources, solution_strs, ground_truths, extra_infos
     )
+
+
+class _MicroBatcher:
+    """Scores the samples that verl's Reward Loop awaits concurrently in one reward call.
+
+    The first waiting sample starts a drain task; samples that arrive while a batch is being scored
+    (in a worker thread, so the event loop keeps serving verl) form the next batch.
+    """
+
+    def __init__(self, cfg: RewardConfig) -> None:
+        self.cfg = cfg
+        self.pending: list[tuple[str, str, asyncio.Future]] = []
+        self.draining = False
+
+    async def score(self, text: str, media: str) -> float:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((text, media, fut))
+        if not self.draining:
+            self.draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let the samples gathered in the same tick join this batch
+            while self.pending:
+                limit = self.cfg.batch_size or len(self.pending)
+                batch, self.pending = self.pending[:limit], self.pending[limit:]
+                try:
+                    values = await asyncio.to_thread(
+                        score_pairs, self.cfg.reward, [t for t, _, _ in batch], [m for _, m, _ in batch],
+                        scale=self.cfg.scale, shift=self.cfg.shift,
+                    )
+                except Exception as exc:  # handed to every waiting sample, not swallowed
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, _, fut), value in zip(batch, _values(values)):
+                    if not fut.done():
+                        fut.set_result(value)
+        finally:
+            self.draining = False
+
+
+# one batcher per (event loop, reward config): futures belong to the loop that created them
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _MicroBatcher]] = weakref.WeakKeyDictionary()
+
+
+async def compute_score_async(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> float:
+    """verl Reward Loop entry point (`custom_reward_function.name=compute_score_async`).
+
+    Concurrent calls in one worker are scored together (up to batch_size per reward call).
+    """
+    media = _sample_media(data_source, ground_truth, extra_info)
+    cfg = reward_from_kwargs(kwargs)
+    per_loop = _batchers.setdefault(asyncio.get_running_loop(), {})
+    batcher = per_loop.get(cfg.key)
+    if batcher is None:
+        batcher = per_loop[cfg.key] = _MicroBatcher(cfg)
+    return await batcher.score(solution_str, media)
