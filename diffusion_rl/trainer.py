@@ -214,7 +214,9 @@ class Trainer:
         try:
             return mmreward.load(name, device=self.accelerator.device, **options)
         except TypeError as exc:
-            if "keyword argument" not in str(exc):
+            from mmreward.errors import UnknownOptionError
+
+            if not isinstance(exc, UnknownOptionError) and "keyword argument" not in str(exc):
                 raise
             # a loader that does not take one of reward.options: a config error, not a crash
             raise ConfigError(f"reward.options.{name} = {options}: {exc}; remove the option or check its "

@@ -339,6 +339,7 @@ class _DetailReward:
     name = "detail"
     modalities = ("image",)
     requires_prompt = False
+    media_alpha = "drop"
 
     def score(self, prompts, media):
         import torch
