@@ -1,23 +1,47 @@
-"""Batched, differentiable tensor preprocessing that reward families compose into their reference pipelines.
+"""Image preprocessing, in one home: batched tensor ops, the Pillow-exact resize, and the per-family card.
 
-Every function takes (B, C, H, W) float tensors (or a list of (C, H, W) tensors of mixed sizes, which
-are processed in same-size groups) and returns a stacked (B, C, h, w) tensor. The rounding rules are
-explicit because references differ: torchvision's CenterCrop rounds the offset, Hugging Face image
-processors floor it.
+Layers, bottom up:
+- tensor ops (`resize`, `center_crop`, `resize_longest_and_pad`, `normalize`): batched and differentiable.
+  They take (B, C, H, W) float tensors (or a list of (C, H, W) tensors of mixed sizes, processed in
+  same-size groups) and return a stacked (B, C, h, w) tensor. The rounding rules are explicit because
+  references differ: torchvision's CenterCrop rounds the offset, Hugging Face image processors floor it.
+  A 4-channel image is RGBA: its colour is resized premultiplied by alpha, as Pillow resizes RGBA images
+  (RGBA -> RGBa, resize, back to RGBA), so fully transparent pixels do not bleed their colour.
+- `pil_resize`: the scoring path's resize, on 8-bit images through Pillow itself. torchvision's `Resize`
+  on PIL images, Hugging Face's slow image processors, OpenAI CLIP and BLIP all resize uint8 images with
+  Pillow, which keeps the horizontal pass in uint8 and uses 22-bit fixed-point weights; float
+  `F.interpolate(..., antialias=True)` differs from it by up to a few grey levels, and scores are compared
+  to published numbers to 1e-5. Pillow's resize is C code that releases the GIL, so images are resized on
+  a small thread pool. (A bit-exact tensor emulation of Pillow's fixed-point passes was measured 15x
+  slower than Pillow on CPU, so it is not used.)
+- `ImagePreprocess`: the reference preprocessing of the CLIP/BLIP-family rewards as one configurable card.
+  Two recipes cover every family in the zoo: "shortest-crop" (resize the shorter side to `size`, bicubic,
+  longer side truncated, then centre-crop `crop` x `crop`) and "longest-pad" (resize the longer side to
+  `size`, shorter side rounded, and zero-pad centred to a square: open_clip's ResizeMaxSize, used by HPSv2
+  on tensors after ToTensor). The scoring path reproduces the reference bit for bit (Pillow on uint8 for
+  the "pil" resize backend); the differentiable path (media that requires grad) uses the same geometry
+  with the tensor ops, which deviates from Pillow by quantisation and fixed-point rounding only.
 
-A 4-channel image is RGBA: its colour is resized premultiplied by alpha, as Pillow resizes RGBA images
-(RGBA -> RGBa, resize, back to RGBA), so fully transparent pixels do not bleed their colour.
+Alpha: the references disagree on where an RGBA image loses its alpha, and for transparent images that
+moves scores by a large part of their spread, so the card says which the family's original does
+(`ALPHA_CONVENTIONS`). The media layer hands 4-channel images to cards that use alpha (see
+`Reward.image_alpha`); 4-channel input to a "drop_first" card is reduced to RGB first.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mmreward.errors import RewardInputError
+from mmreward.errors import ConfigError, RewardInputError
 
 Interpolation = Literal["nearest", "bilinear", "bicubic", "area"]
 Images = torch.Tensor | Sequence[torch.Tensor]
@@ -152,6 +176,173 @@ def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float])
     return (images - m) / s
 
 
+def _uint8_levels(images: torch.Tensor) -> torch.Tensor:
+    """[0, 1] -> 0..255 levels as floats, rounding as diffusers' `numpy_to_pil` does."""
+    return (images * 255.0).round().clamp(0, 255)
+
+
 def quantize_uint8(images: torch.Tensor) -> torch.Tensor:
     """Round to the 256 levels a PIL round trip would keep (non-differentiable paths only)."""
-    return (images * 255.0).round().clamp(0, 255) / 255.0
+    return _uint8_levels(images) / 255.0
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """[0, 1] floats -> uint8 levels, detached (the Pillow path's input)."""
+    return _uint8_levels(images.detach().float()).to(torch.uint8)
+
+
+# ----------------------------------------------------------------------------------------------
+# the Pillow-exact scoring path
+# ----------------------------------------------------------------------------------------------
+SizeRule = Callable[[int, int], tuple[int, int]]
+
+_RESAMPLE = {"bicubic": 3, "bilinear": 2, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="pil-resize")
+
+
+def pil_resize(
+    images: torch.Tensor | Sequence[torch.Tensor], size_rule: SizeRule, resample: str = "bicubic"
+) -> list[torch.Tensor]:
+    """Quantise each (C, H, W) image in [0, 1] to uint8 and resize it with Pillow to size_rule(H, W) = (h, w).
+
+    C is 3 (RGB) or 4 (RGBA, which Pillow resizes premultiplied by alpha). Returns float32 (C, h, w)
+    tensors in [0, 1] (levels / 255) on the input's device.
+    """
+    from PIL import Image
+
+    if resample not in _RESAMPLE:
+        raise RewardInputError(f"resample: expected one of {sorted(_RESAMPLE)}, got {resample!r}")
+    items = list(images)
+    if not items:
+        return []
+    device = items[0].device
+    arrays = [to_uint8(t).permute(1, 2, 0).cpu().numpy() for t in items]
+
+    def one(arr: np.ndarray) -> np.ndarray:
+        h, w = arr.shape[:2]
+        out_h, out_w = size_rule(h, w)
+        img = Image.fromarray(np.ascontiguousarray(arr))  # HxWx4 uint8 is RGBA, which Pillow resizes premultiplied
+        if (out_h, out_w) != (h, w):
+            img = img.resize((out_w, out_h), resample=_RESAMPLE[resample])
+        return np.asarray(img)
+
+    resized = list(_pool().map(one, arrays)) if len(arrays) > 1 else [one(arrays[0])]
+    return [torch.from_numpy(a.copy()).permute(2, 0, 1).to(device).float() / 255.0 for a in resized]
+
+
+# ----------------------------------------------------------------------------------------------
+# the per-family preprocessing card
+# ----------------------------------------------------------------------------------------------
+ALPHA_CONVENTIONS = {
+    "drop_first": "alpha dropped before resizing (PIL convert('RGB') first: Hugging Face processors up to "
+    "transformers 4.x)",
+    "resize_then_drop": "the RGBA image is resized (Pillow: premultiplied by alpha, so transparent pixels come "
+    "out dark) and cropped, then alpha is dropped (OpenAI CLIP's and open_clip's preprocess, ImageReward)",
+    "composite:<colour>": "alpha-composited onto a background colour (white, black or #rrggbb) first",
+    "reject": "images with any transparency are an error",
+}
+_NAMED_COLOURS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+
+
+def parse_alpha(alpha: str) -> tuple[str, tuple[float, float, float] | None]:
+    """'composite:white' -> ('composite', (1, 1, 1)); other conventions -> (alpha, None)."""
+    if alpha in ("drop_first", "resize_then_drop", "reject"):
+        return alpha, None
+    if isinstance(alpha, str) and alpha.startswith("composite:"):
+        colour = alpha.split(":", 1)[1].strip().lower()
+        if colour in _NAMED_COLOURS:
+            return "composite", _NAMED_COLOURS[colour]
+        if len(colour) == 7 and colour[0] == "#":
+            try:
+                return "composite", tuple(int(colour[i : i + 2], 16) / 255.0 for i in (1, 3, 5))  # type: ignore[return-value]
+            except ValueError:
+                pass
+    raise ConfigError(
+        f"alpha must be one of 'drop_first', 'resize_then_drop', 'reject' or 'composite:<white|black|#rrggbb>', "
+        f"got {alpha!r}"
+    )
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    size: int = 224
+    crop: int = 224
+    mode: Literal["shortest-crop", "longest-pad"] = "shortest-crop"
+    crop_rounding: Literal["round", "floor"] = "round"
+    resize_backend: Literal["pil", "torch"] = "pil"
+    mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    std: tuple[float, float, float] = OPENAI_CLIP_STD
+    alpha: str = "drop_first"
+
+    def __post_init__(self) -> None:
+        parse_alpha(self.alpha)
+        if self.size < 1 or self.crop < 1:
+            raise ConfigError(f"size and crop must be >= 1, got size={self.size}, crop={self.crop}")
+        if self.mode not in ("shortest-crop", "longest-pad"):
+            raise ConfigError(f"mode must be 'shortest-crop' or 'longest-pad', got {self.mode!r}")
+        if self.crop_rounding not in ("round", "floor"):
+            raise ConfigError(f"crop_rounding must be 'round' or 'floor', got {self.crop_rounding!r}")
+        if self.resize_backend not in ("pil", "torch"):
+            raise ConfigError(f"resize_backend must be 'pil' or 'torch', got {self.resize_backend!r}")
+
+    def describe(self) -> str:
+        if self.mode == "longest-pad":
+            geo = f"resize longer side to {self.size} (bicubic, antialiased, on float tensors), zero-pad to square"
+        else:
+            geo = (
+                f"resize shorter side to {self.size} (bicubic; Pillow on uint8 when scoring), "
+                f"centre-crop {self.crop} (offset {self.crop_rounding}ed)"
+            )
+        return f"{geo}; alpha {self.alpha}; normalise mean={self.mean} std={self.std}"
+
+    def _alpha_first(self, x: torch.Tensor) -> torch.Tensor:
+        """(C, H, W) or (B, C, H, W) -> what the geometry gets: RGB, or RGBA for resize_then_drop."""
+        if x.shape[-3] != 4:
+            return x
+        kind, colour = parse_alpha(self.alpha)
+        if kind == "resize_then_drop":
+            return x
+        rgb, a = x[..., :3, :, :], x[..., 3:4, :, :]
+        if kind == "reject":
+            with torch.no_grad():
+                lowest = float(a.min())
+            if lowest < 1.0:
+                raise RewardInputError(
+                    f"this reward's original cannot score transparent images (alpha down to {lowest:.3g}); "
+                    "composite them onto a background first, e.g. media.load_image(img, alpha='white')"
+                )
+            return rgb
+        if kind == "composite":
+            bg = torch.as_tensor(colour, dtype=x.dtype, device=x.device).view(3, 1, 1)
+            return rgb * a + bg * (1 - a)
+        return rgb
+
+    def __call__(self, images: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        """(B, C, H, W) or a list of (C, H, W) in [0, 1], C = 3 or 4 (RGBA) -> normalised (B, 3, crop, crop)
+        float32 pixels. Alpha is handled as `self.alpha` says."""
+        wants_grad = images.requires_grad if isinstance(images, torch.Tensor) else any(t.requires_grad for t in images)
+        if isinstance(images, torch.Tensor):
+            images = self._alpha_first(images.float())
+        else:
+            images = [self._alpha_first(t.float()) for t in images]
+        # RGBA items keep alpha through resize (premultiplied) and crop/pad, then drop it: the reference
+        # converts to RGB after its geometric transforms. Dropping per group lets RGB and RGBA items stack.
+        if self.mode == "longest-pad":
+            # the reference itself resizes float tensors, so both paths are the same computation
+            x = map_groups(lambda g: resize_longest_and_pad(g, self.size, "bicubic", antialias=True)[:, :3], images)
+        elif wants_grad or self.resize_backend == "torch":
+            # resize and crop each same-size group together: resized groups differ in size until cropped
+            x = map_groups(
+                lambda g: center_crop(
+                    resize(g, self.size, "bicubic", antialias=True), self.crop, self.crop_rounding
+                )[:, :3],
+                images,
+            )
+        else:
+            resized = pil_resize(images, lambda h, w: output_size_shorter_side(h, w, self.size))
+            x = center_crop([t[:3] for t in resized], self.crop, self.crop_rounding)
+        return normalize(x, self.mean, self.std)
