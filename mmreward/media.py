@@ -2,7 +2,7 @@
 
 Images become float tensors in [0, 1] of shape (3, H, W), stacked to (B, 3, H, W) when all items
 share a size; videos become (T, 3, H, W), stacked to (B, T, 3, H, W). A batch whose items differ in
-size is a list of per-item tensors; rewards resize them in same-size groups (see `transforms`).
+size is a list of per-item tensors; rewards resize them in same-size groups (see `preprocess`).
 
 Value ranges are never guessed: uint8 means 0-255 and uint16 0-65535; float data is read as [0, 1]
 unless `value_range` says otherwise (e.g. (0, 255) or (-1, 1)), and float data outside the declared

@@ -61,3 +61,38 @@ def test_studies_run_as_modules_of_the_experiments_package():
                              capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert out.returncode == 0 and "usage:" in out.stdout, (name, out.stderr[-1000:])
     assert not (ROOT / "diffusion_rl" / "inference" / "shapesworld.py").exists()
+
+
+# issue 14: preprocessing had three homes; these are the retired module names
+RETIRED_PREPROCESS_MODULES = ("mmreward.transforms", "mmreward.pil_resize", "mmreward.models._image_preprocess")
+
+
+def test_preprocessing_has_one_home():
+    import importlib
+    from importlib.machinery import PathFinder
+
+    import mmreward.preprocess as pre
+
+    for name in RETIRED_PREPROCESS_MODULES:
+        parent, _, leaf = name.rpartition(".")
+        assert PathFinder.find_spec(leaf, [str(ROOT.joinpath(*parent.split(".")))]) is None, (
+            f"{name} still exists: preprocessing lives in mmreward.preprocess")
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        # an editable install of another checkout can still serve the name: it must not come from this tree
+        assert ROOT not in Path(module.__file__).resolve().parents, f"{name} imports from {module.__file__}"
+    # what the three modules held is reachable from the one home
+    for name in ("resize", "center_crop", "resize_longest_and_pad", "normalize", "map_groups", "pil_resize",
+                 "to_uint8", "quantize_uint8", "ImagePreprocess", "parse_alpha", "ALPHA_CONVENTIONS"):
+        assert hasattr(pre, name), name
+    files = _library_files() + [*(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+                                *(ROOT / "scripts").rglob("*.py")]
+    bad = []
+    for path in files:
+        for name in _imports(path):
+            # "from mmreward import transforms" shows up as "mmreward.transforms" here too
+            if name.startswith(RETIRED_PREPROCESS_MODULES):
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not bad, "code imports a retired preprocessing module:\n" + "\n".join(bad)

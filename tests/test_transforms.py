@@ -8,7 +8,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
-from mmreward import transforms as T
+from mmreward import preprocess as T
 from mmreward.errors import RewardInputError
 
 
@@ -97,7 +97,7 @@ def test_rgba_resize_is_premultiplied_like_pillow(size):
 
 def test_preprocess_card_alpha_conventions():
     from mmreward.errors import ConfigError
-    from mmreward.models._image_preprocess import ImagePreprocess
+    from mmreward.preprocess import ImagePreprocess
 
     rgba = torch.from_numpy(_cutout_rgba()).permute(2, 0, 1).float() / 255
     rgb = rgba[:3]

@@ -24,7 +24,7 @@ from mmreward.checkpoints import (
     resolve_files,
 )
 from mmreward.errors import CheckpointError, ConfigError
-from mmreward.models._image_preprocess import ImagePreprocess
+from mmreward.preprocess import ImagePreprocess
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")

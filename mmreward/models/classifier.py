@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from mmreward import transforms as T
+from mmreward import preprocess as T
 from mmreward.errors import CheckpointError, ConfigError, MissingExtraError, RewardInputError
 from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from mmreward import transforms as T
+from mmreward import preprocess as T
 from mmreward.errors import ConfigError, MissingExtraError
 from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput

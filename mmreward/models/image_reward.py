@@ -374,7 +374,7 @@ def load_imagereward(
     tokenizer's vocab.txt), or the ImageReward.pt file itself with med_config.json beside it."""
     from mmreward.checkpoints import load_state_dict, load_strict, read_json, resolve_files
     from mmreward.errors import CheckpointError, ConfigError
-    from mmreward.models._image_preprocess import ImagePreprocess
+    from mmreward.preprocess import ImagePreprocess
 
     if weights == "random":
         if not tiny and (med_config is None or vit is None):

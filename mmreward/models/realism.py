@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from mmreward import media as media_io
-from mmreward import transforms as T
+from mmreward import preprocess as T
 from mmreward.compose import WeightedSum
 from mmreward.errors import CheckpointError, ConfigError
 from mmreward.models._real_fake_labels import RealOutput, resolve_real_output
@@ -173,7 +173,7 @@ class CLIPProbeRealism(Reward):
         real_index: int = 0,
         **kwargs: Any,
     ) -> None:
-        from mmreward.models._image_preprocess import ImagePreprocess
+        from mmreward.preprocess import ImagePreprocess
 
         super().__init__(**kwargs)
         if crop not in ("univfd", "clip"):
@@ -250,7 +250,7 @@ def load_univfd(
         build_open_clip_backbone,
         load_hf_clip_model,
     )
-    from mmreward.models._image_preprocess import ImagePreprocess
+    from mmreward.preprocess import ImagePreprocess
 
     if backbone_format not in ("hf", "open_clip"):
         raise ConfigError(f"backbone_format must be 'hf' or 'open_clip', got {backbone_format!r}")

@@ -25,10 +25,11 @@ from mmreward.errors import CheckpointError, ConfigError, require
 from mmreward.ocr import TextLine
 from mmreward.ocr.ctc import ctc_greedy_decode
 from mmreward.ocr.db_postprocess import DBConfig, boxes_from_prob_map, reading_order
+from mmreward.preprocess import IMAGENET_MEAN, IMAGENET_STD
 
 DET_FILE, REC_FILE, KEYS_FILE = "ppocrv5_det.onnx", "ppocrv5_rec.onnx", "ppocr_keys_v5.txt"
-DET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-DET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+DET_MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
+DET_STD = np.array(IMAGENET_STD, dtype=np.float32)
 REC_HEIGHT, REC_MIN_WIDTH = 48, 320
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+from mmreward.preprocess import OPENAI_CLIP_MEAN as CLIP_MEAN
+from mmreward.preprocess import OPENAI_CLIP_STD as CLIP_STD
+
 TEXT_LENGTH = 24  # longest ShapesWorld prompt is ~14 tokens; the model keeps 77 positions for other users
 
 
