@@ -1,13 +1,15 @@
-"""The reward registry: a plain dict of specs, and `load`.
+"""The reward registry: `load` and `list_rewards` over the built-in catalog plus `register_reward` entries.
 
-A spec is data: the loader is a "module:function" string imported only when the reward is loaded,
-so `mmreward list` and `import mmreward` stay fast and optional extras stay optional.
+The built-in specs are data in `mmreward.catalog`; a spec's loader is a "module:function" string imported
+only when that reward is loaded, so `import mmreward` and `mmreward list` import no model family and
+optional extras stay optional.
 
 Loader contract: `loader(checkpoint: str | None, *, weights: "pretrained" | "random", **options) -> Reward`.
 `checkpoint` is a local path or hub id (None only with weights="random").
 
 Security: strings from configs, cards and requests only ever select registered specs or name a
-`Reward` subclass ("pkg.module:Class"), which is checked before anything is called. Naming a module
+`Reward` subclass ("pkg.module:Class"), which is checked before anything is called. The only loader
+strings ever imported are the catalog's and those passed to `register_reward` in code. Naming a module
 imports it, which runs its top-level code: treat configs that name `module:Class` as code.
 """
 
@@ -16,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
-import importlib.util
 import inspect
 import os
 import re
 import typing
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,48 +30,19 @@ import torch
 
 from mmreward.checkpoints import import_object, parse_source, read_json, resolve_device, resolve_dtype
 from mmreward.errors import CheckpointError, MMRewardError, UnknownOptionError, UnknownRewardError
-from mmreward.types import Reward
+from mmreward.types import Reward, RewardSpec
 
 CARD_FILE = "mmreward.json"
 
 
-@dataclass
-class RewardSpec:
-    name: str
-    loader: str | Callable[..., Reward]
-    description: str
-    modalities: tuple[str, ...] = ("image",)
-    differentiable: bool = False
-    higher_is_better: bool = True
-    default_checkpoint: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-    requires: tuple[str, ...] = ()  # importable modules the loader needs
-    extra: str | None = None  # the pip extra that installs them
-    install_hint: str | None = None  # the exact install command, when an extra cannot express it
-    score_range: str = ""  # the score's scale, documented for users
-    preprocess: str = ""  # the reference preprocessing, in words
-    needs_weights: bool = True
-    # options that build a tiny random-weight instance for the conformance suite and demos
-    tiny_options: dict[str, Any] = field(default_factory=dict)
-
-    def get_loader(self) -> Callable[..., Reward]:
-        if isinstance(self.loader, str):
-            return import_object(self.loader, callable, f"a callable loader for reward '{self.name}'")
-        return self.loader
-
-    def missing_requirements(self) -> list[str]:
-        return [m for m in self.requires if importlib.util.find_spec(m) is None]
-
-    def install_command(self) -> str:
-        return self.install_hint or f"pip install 'mmreward[{self.extra or 'all'}]'"
-
-
 _REGISTRY: dict[str, RewardSpec] = {}
+_builtins_loaded = False
 
 
 def register_reward(spec: RewardSpec, *, overwrite: bool = False) -> RewardSpec:
     if not isinstance(spec, RewardSpec):
         raise TypeError(f"register_reward expects a RewardSpec, got {type(spec).__name__}")
+    _ensure_builtins()  # so a user's spec never shadows a built-in unless asked to, whatever the call order
     if spec.name in _REGISTRY and not overwrite:
         raise ValueError(f"a reward named '{spec.name}' is already registered; pass overwrite=True to replace it")
     if ":" in spec.name or "/" in spec.name:
@@ -104,9 +75,22 @@ def specs() -> dict[str, RewardSpec]:
 
 
 def _ensure_builtins() -> None:
-    if not _REGISTRY or "__builtins_loaded__" not in globals():
-        globals()["__builtins_loaded__"] = True
-        importlib.import_module("mmreward.models")
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    # imported on first use, not at module import: the catalog resolves the shipped asset folders
+    from mmreward.catalog import BUILTIN_SPECS
+
+    for spec in BUILTIN_SPECS:
+        _REGISTRY.setdefault(spec.name, spec)
+
+
+def resolve_loader(spec: RewardSpec) -> Callable[..., Reward]:
+    """The spec's loader; a "module:function" string is imported here, on load, and must name a callable."""
+    if isinstance(spec.loader, str):
+        return import_object(spec.loader, callable, f"a callable loader for reward '{spec.name}'")
+    return spec.loader
 
 
 def _spec_for_repo(repo: str) -> tuple[RewardSpec, str | None]:
@@ -298,7 +282,7 @@ def load(
             )
     if checkpoint is not None:
         checkpoint = os.fspath(checkpoint)
-    reward = _call_checked(spec.get_loader(), f"reward '{spec.name}'", (checkpoint,), {"weights": weights}, options)
+    reward = _call_checked(resolve_loader(spec), f"reward '{spec.name}'", (checkpoint,), {"weights": weights}, options)
     if not isinstance(reward, Reward):
         raise CheckpointError(f"the loader of reward '{spec.name}' returned a {type(reward).__name__}, not a Reward")
     return _finalize(reward, device, dtype)

@@ -7,7 +7,8 @@ does the checking, device placement, micro-batching, inference mode and NaN poli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib.util
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -294,3 +295,36 @@ class Reward(torch.nn.Module):
             f"name={self.name!r}, modalities={self.modalities}, differentiable={self.differentiable}, "
             f"higher_is_better={self.higher_is_better}"
         )
+
+
+@dataclass
+class RewardSpec:
+    """What the registry knows about a reward without importing it: data, plus a loader to resolve on load.
+
+    `loader` is a "module:function" string, which `mmreward.registry.resolve_loader` imports only when the
+    reward is loaded (so listing rewards imports no model code), or, for rewards registered from user code,
+    the callable itself.
+    """
+
+    name: str
+    loader: str | Callable[..., Reward]
+    description: str
+    modalities: tuple[str, ...] = ("image",)
+    differentiable: bool = False
+    higher_is_better: bool = True
+    default_checkpoint: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()  # importable modules the loader needs
+    extra: str | None = None  # the pip extra that installs them
+    install_hint: str | None = None  # the exact install command, when an extra cannot express it
+    score_range: str = ""  # the score's scale, documented for users
+    preprocess: str = ""  # the reference preprocessing, in words
+    needs_weights: bool = True
+    # options that build a tiny random-weight instance for the conformance suite and demos
+    tiny_options: dict[str, Any] = field(default_factory=dict)
+
+    def missing_requirements(self) -> list[str]:
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+    def install_command(self) -> str:
+        return self.install_hint or f"pip install 'mmreward[{self.extra or 'all'}]'"

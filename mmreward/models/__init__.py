@@ -1,25 +1,6 @@
-"""Built-in reward families, one module each.
+"""Built-in reward families, one module each: a `Reward` subclass and the loader that builds it.
 
-Every module here declares `SPECS: list[RewardSpec]` at import time and imports its heavy
-dependencies (transformers, open_clip, onnxruntime, ...) only inside its loader, so that importing
-this package — and `mmreward list` — stays fast and optional extras stay optional.
+Their specs (names, checkpoints, preprocessing cards) are data in `mmreward.catalog`, so importing this
+package imports no family; each module imports its heavy dependencies (transformers, open_clip,
+onnxruntime, ...) only inside its loader, so loading one reward stays fast and optional extras stay optional.
 """
-
-from __future__ import annotations
-
-import importlib
-import pkgutil
-
-from mmreward.registry import register_reward
-
-
-def _register_builtin_specs() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for spec in getattr(module, "SPECS", ()):
-            register_reward(spec, overwrite=True)
-
-
-_register_builtin_specs()

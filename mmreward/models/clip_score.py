@@ -17,53 +17,11 @@ from typing import Any, Literal
 
 import torch.nn.functional as F
 
+from mmreward.catalog import TINY_CLIP_CONFIG as TINY_CLIP_CONFIG  # demos and tests build tiny CLIPs from it
 from mmreward.errors import ConfigError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 CLIP_S_PREFIX = "A photo depicts "
-
-TINY_CLIP_CONFIG: dict[str, Any] = {
-    "projection_dim": 16,
-    "text_config": {
-        "vocab_size": 49408, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "max_position_embeddings": 77, "bos_token_id": 49406,
-        "eos_token_id": 49407, "pad_token_id": 49407,
-    },
-    "vision_config": {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "image_size": 32, "patch_size": 8,
-    },
-}
-
-SPECS = [
-    RewardSpec(
-        name="clipscore",
-        loader="mmreward.models.clip_score:load_clipscore",
-        description="CLIPScore: 100*cos clamped per sample (torchmetrics scale) or CLIP-S 2.5*max(cos, 0)",
-        differentiable=True,
-        default_checkpoint="openai/clip-vit-large-patch14",
-        tags={
-            "openai-l14": "openai/clip-vit-large-patch14",
-            "openai-b32": "openai/clip-vit-base-patch32",
-            "openai-b16": "openai/clip-vit-base-patch16",
-            "laion-h14": "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
-        },
-        requires=("transformers", "open_clip"),
-        score_range=(
-            "torchmetrics: max(100*cos, 0) in [0, 100], about 15-35 for matching real pairs; "
-            "clip-s: 2.5*max(cos, 0) in [0, 2.5], about 0.5-0.9. compare: Bradley-Terry on 100*delta(cos)"
-        ),
-        preprocess=(
-            "transformers: RGB first (alpha: drop_first), resize shorter side 224 bicubic (Pillow on uint8), centre "
-            "crop 224 (offset floored), OpenAI CLIP mean/std; open_clip: the same with the crop offset rounded and "
-            "RGB after the crop (alpha: resize_then_drop)"
-        ),
-        # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*.
-        # A fixed init seed whose cosines are mostly positive: the clamp would make an all-negative draw constant.
-        tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch", "seed": 2},
-    )
-]
 
 
 class ClipScore(Reward):

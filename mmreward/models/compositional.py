@@ -20,23 +20,9 @@ from typing import Literal
 import torch
 
 from mmreward.errors import ConfigError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 OWLV2_CHECKPOINT = "google/owlv2-base-patch16-ensemble"
-
-SPECS = [
-    RewardSpec(
-        name="geneval",
-        loader="mmreward.models.compositional:load_geneval",
-        description="GenEval-style compositional reward: objects, counts, colours and relative positions from a detector",
-        default_checkpoint=OWLV2_CHECKPOINT,
-        requires=("transformers",),
-        score_range="strict: {0, 1}; partial: [0, 1] mean per-clause credit",
-        preprocess="detector's own (OWLv2: pad to square bottom/right, resize 960, CLIP mean/std)",
-        tiny_options={"detector": "owlv2", "score": "partial", "score_threshold": 0.5, "counting_threshold": 0.5},
-    ),
-]
 
 
 class CompositionalReward(Reward):

@@ -11,28 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
-
-_PREPROCESS = "quantise to uint8, encode JPEG quality 95 with PIL, kB = bytes / 1000"
-SPECS = [
-    RewardSpec(
-        name="jpeg-compressibility",
-        loader="mmreward.models.compressibility:load_compressibility",
-        description="DDPO's compressibility: minus the JPEG size in kB (quality 95)",
-        needs_weights=False,
-        score_range="-(size in kB): about -2 (flat) to -60 (noise) for 256x256",
-        preprocess=_PREPROCESS,
-    ),
-    RewardSpec(
-        name="jpeg-incompressibility",
-        loader="mmreward.models.compressibility:load_incompressibility",
-        description="DDPO's incompressibility: the JPEG size in kB (quality 95)",
-        needs_weights=False,
-        score_range="size in kB: about 2 (flat) to 60 (noise) for 256x256",
-        preprocess=_PREPROCESS,
-    ),
-]
 
 
 def jpeg_size_kb(images: torch.Tensor | list[torch.Tensor], quality: int = 95) -> torch.Tensor:

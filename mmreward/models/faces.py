@@ -20,26 +20,9 @@ import torch
 
 from mmreward import preprocess as T
 from mmreward.errors import ConfigError, MissingExtraError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 NET_FILES = ("pnet.pt", "rnet.pt", "onet.pt")
-
-SPECS = [
-    RewardSpec(
-        name="face-mtcnn",
-        loader="mmreward.models.faces:load_mtcnn",
-        description="Face presence: MTCNN's best face probability (or the face count)",
-        requires=("facenet_pytorch",),
-        # facenet-pytorch's metadata pins an ancient torch: install the weights package without deps
-        install_hint="pip install --no-deps facenet-pytorch==2.6.0",
-        needs_weights=False,  # weights ship inside facenet-pytorch
-        score_range="[0, 1] best face probability, 0 when no face (mode='count': number of faces)",
-        preprocess="pixels 0-255 float, MTCNN image pyramid (min face 20 px, factor 0.709), thresholds 0.6/0.7/0.7",
-        # random nets: a loose P-net threshold keeps a few windows, so R/O-net probabilities vary by image
-        tiny_options={"thresholds": (0.4, 0.0, 0.0), "min_face_size": 40},
-    ),
-]
 
 
 @dataclass

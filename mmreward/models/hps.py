@@ -22,36 +22,9 @@ from typing import Any
 
 import torch.nn.functional as F
 
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
-HPS_REPO = "xswu/HPSv2"
 FILES = {"hpsv2": "HPS_v2_compressed.pt", "hpsv2.1": "HPS_v2.1_compressed.pt"}
-
-TINY_OPEN_CLIP_CFG: dict[str, Any] = {
-    "embed_dim": 16,
-    "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
-}
-
-_PRE = (
-    "RGB first (alpha: drop_first; the original raises on RGBA), ToTensor, resize longer side to 224 (bicubic, antialiased, float tensors), zero-pad centred "
-    "to 224x224, OpenAI CLIP mean/std"
-)
-SPECS = [
-    RewardSpec(
-        name=name,
-        loader=f"mmreward.models.hps:load_{name.replace('.', '_')}",
-        description=f"HPS{name[3:]}: human preference score, cosine of a preference-tuned open_clip ViT-H-14",
-        differentiable=True,
-        default_checkpoint=HPS_REPO,
-        requires=("open_clip",),
-        score_range="cosine in [-1, 1]; about 0.20-0.33 for real generations. compare: Bradley-Terry on 100*delta",
-        preprocess=_PRE,
-        tiny_options={"model_cfg": TINY_OPEN_CLIP_CFG},
-    )
-    for name in FILES
-]
 
 
 class HPSv2(Reward):

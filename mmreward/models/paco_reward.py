@@ -41,7 +41,6 @@ import re
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput, normalize_prompts
 
 TEMPLATES = {
@@ -70,22 +69,6 @@ IMAGE_LABELS = ("<img1>: ", "<img2>: ")
 
 _PANEL_SEP = re.compile(r"[\.\"]\s+[A-Z0-9-\[\]]+:")  # '. [TOP]-[LEFT]:' between panel descriptions
 _GRID = re.compile(r"(\d+)\s*[x⨉]\s*(\d+)")
-
-SPECS = [
-    RewardSpec(
-        name="paco-reward",
-        loader="mmreward.models.paco_reward:load_paco_reward",
-        description="PaCo-Reward: P('Yes') that two images are consistent (style, logic, identity), "
-        "averaged over the panel pairs of a grid image; also explicit pairs and image edits",
-        modalities=("image",),
-        default_checkpoint="X-GenGroup/PaCo-Reward-7B",
-        requires=("transformers",),
-        score_range="[0, 1] P(Yes)/(P(Yes)+P(No)) of the first answer token (NaN when a server returns neither)",
-        preprocess="grid panels by floor division; Qwen smart_resize (max_pixels 1024*1024*2 as in training); "
-        "chat template, two images then the question",
-        tiny_options={"tiny": True, "grid": (1, 2)},
-    )
-]
 
 
 def split_panel_prompt(prompt: str) -> list[str]:

@@ -16,32 +16,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from mmreward.models.clip_score import TINY_CLIP_CONFIG
-from mmreward.registry import RewardSpec
 from mmreward.types import Prompts, Reward, RewardOutput
 
 PROCESSOR_REPO = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
-
-SPECS = [
-    RewardSpec(
-        name="pickscore",
-        loader="mmreward.models.pickscore:load_pickscore",
-        description="PickScore v1: exp(logit_scale) * cos of a preference-tuned CLIP ViT-H-14",
-        differentiable=True,
-        default_checkpoint="yuvalkirstain/PickScore_v1",
-        requires=("transformers",),
-        score_range=(
-            "exp(logit_scale)*cos, logit_scale ~ 100: about 17-24 for real generations; "
-            "compare/rank: softmax over candidates of one prompt"
-        ),
-        preprocess=(
-            "CLIPImageProcessor of laion/CLIP-ViT-H-14: RGB first (alpha: drop_first), shorter side 224 bicubic (Pillow on uint8), "
-            "centre crop 224 (offset floored), OpenAI CLIP mean/std"
-        ),
-        # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*
-        tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch"},
-    )
-]
 
 
 def group_softmax(scores: torch.Tensor, prompts: list[str]) -> torch.Tensor:

@@ -30,45 +30,10 @@ from mmreward import preprocess as T
 from mmreward.compose import WeightedSum
 from mmreward.errors import CheckpointError, ConfigError
 from mmreward.models._real_fake_labels import RealOutput, resolve_real_output
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 UNIVFD_FC_FILE = "fc_weights.pth"
 UNIVFD_BACKBONE = "openai/clip-vit-large-patch14"
-
-SPECS = [
-    RewardSpec(
-        name="realism-classifier",
-        loader="mmreward.models.realism:load_realism_classifier",
-        description="P(real) from a transformers image-classification synthetic-image detector (real/fake label map)",
-        differentiable=True,
-        requires=("transformers",),
-        score_range="[0, 1]; 1 = certainly a real photograph",
-        preprocess="the checkpoint's own image processor (preprocessor_config.json)",
-        tiny_options={"arch": "vit"},
-    ),
-    RewardSpec(
-        name="univfd",
-        loader="mmreward.models.realism:load_univfd",
-        description="P(real) from UnivFD's linear probe on CLIP ViT-L/14 image features (fc_weights.pth)",
-        differentiable=True,
-        requires=("transformers",),
-        score_range="[0, 1]; 1 = certainly a real photograph",
-        preprocess="centre crop 224 without resizing (zero-pad smaller images), CLIP mean/std",
-        tiny_options={},
-    ),
-    RewardSpec(
-        name="realgen-detectors",
-        loader="mmreward.models.realism:load_realgen_detectors",
-        description="RealGen's detector reward: weighted sum of several detectors' P(real)",
-        differentiable=True,
-        requires=("transformers",),
-        needs_weights=False,
-        score_range="[0, sum of weights]",
-        preprocess="each detector's own",
-        tiny_options={"detectors": {"classifier": {"reward": "realism-classifier"}, "univfd": {"reward": "univfd"}}},
-    ),
-]
 
 
 def _p_real(logits: torch.Tensor, real: RealOutput, sigmoid: bool) -> torch.Tensor:

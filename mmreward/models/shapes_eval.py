@@ -16,21 +16,9 @@ from functools import lru_cache
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 MODES = ("strict", "partial", "soft")
-SPECS = [
-    RewardSpec(
-        name="shapes-eval",
-        loader="mmreward.models.shapes_eval:load_shapes_eval",
-        description="ShapesWorld's exact GenEval-style checker: objects, counts, colours, positions",
-        needs_weights=False,
-        score_range="[0, 1]: strict 0/1, partial = fraction of clauses that hold, soft in [0, 1]",
-        preprocess="none: colour segmentation on the [0, 1] pixels at any resolution (built for 32-64 px)",
-        tiny_options={"mode": "soft", "unknown_prompt": "nan"},
-    )
-]
 
 
 @lru_cache(maxsize=4096)

@@ -9,29 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 HEAD_FILE = "aesthetic_head.safetensors"
-
-
-def _default() -> str:
-    # resolved when loaded, so the default works from a checkout, a wheel or $MMREWARD_ASSETS
-    return "mmreward-assets:shapesworld/aesthetic"
-
-
-SPECS = [
-    RewardSpec(
-        name="shapesworld-aesthetic",
-        loader="mmreward.models.shapesworld_aesthetic:load_shapesworld_aesthetic",
-        description="ShapesWorld image-quality head (LAION-aesthetic style MLP on a tiny CLIP)",
-        differentiable=True,
-        default_checkpoint=_default(),
-        score_range="0 (broken) .. 10 (clean render)",
-        preprocess="bicubic antialiased resize to 32x32, CLIP mean/std; prompt ignored",
-        tiny_options={},
-    )
-]
 
 
 def build_head(dim: int, hidden: int = 64) -> torch.nn.Sequential:

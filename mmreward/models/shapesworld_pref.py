@@ -12,27 +12,7 @@ import tempfile
 
 import torch
 
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
-
-
-def _default(name: str) -> str:
-    # resolved when loaded, so the default works from a checkout, a wheel or $MMREWARD_ASSETS
-    return f"mmreward-assets:shapesworld/{name}"
-
-
-SPECS = [
-    RewardSpec(
-        name="shapesworld-pref",
-        loader="mmreward.models.shapesworld_pref:load_shapesworld_pref",
-        description="ShapesWorld pairwise preference model (tiny CLIP, PickScore-style), for Pref-GRPO demos",
-        differentiable=True,
-        default_checkpoint=_default("pref"),
-        score_range="exp(logit_scale) * cosine, roughly -30..30; differences are BT logits",
-        preprocess="bicubic antialiased resize to 32x32, CLIP mean/std",
-        tiny_options={},
-    )
-]
 
 
 class CLIPPreferenceReward(Reward):

@@ -16,34 +16,9 @@ from typing import Any
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 AGGREGATIONS = ("mean", "min", "topk")
-
-SPECS = [
-    RewardSpec(
-        name="temporal-consistency",
-        loader="mmreward.models.video:load_temporal_consistency",
-        description="Mean cosine similarity of consecutive frames' embeddings (pixels or a CLIP image tower)",
-        modalities=("video",),
-        differentiable=True,
-        needs_weights=False,
-        score_range="[-1, 1]; 1 for a static video",
-        preprocess="frames as given; backbone='pixels' flattens them, a CLIP backbone uses its own card",
-        tiny_options={"backbone": "pixels"},
-    ),
-    RewardSpec(
-        name="video-frames",
-        loader="mmreward.models.video:load_frame_aggregate",
-        description="Any image reward on videos: uniform frame sampling + mean/min/top-k aggregation",
-        modalities=("video",),
-        needs_weights=False,
-        score_range="that of the wrapped image reward",
-        preprocess="num_frames uniform samples (round(linspace(0, T-1, n))), then the image reward's own card",
-        tiny_options={"image_reward": "mock", "num_frames": 3},
-    ),
-]
 
 
 def sample_frame_indices(num_total: int, num_frames: int) -> torch.Tensor:

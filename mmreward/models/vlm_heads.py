@@ -25,38 +25,12 @@ from torch import nn
 
 from mmreward.checkpoints import load_state_dict, load_strict, read_json, resolve_files
 from mmreward.errors import CheckpointError, RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 HPSV3_TOKEN = "<|Reward|>"
 VIDEOALIGN_TOKENS = ("<|VQ_reward|>", "<|MQ_reward|>", "<|TA_reward|>")
 VIDEOALIGN_DIMS = ("VQ", "MQ", "TA")
 
-SPECS = [
-    RewardSpec(
-        name="hpsv3",
-        loader="mmreward.models.vlm_heads:load_hpsv3",
-        description="HPSv3: Qwen2-VL-7B with an uncertainty-aware preference head (score = predicted mean)",
-        default_checkpoint="MizzenAI/HPSv3",
-        requires=("transformers",),
-        score_range="unbounded; about 0-15 on generated images (higher is better)",
-        preprocess="Qwen smart_resize to exactly 256*28*28 pixels (bicubic), Qwen2-VL processor normalisation, "
-        "HPSv3 instruction + '<|Reward|>' prompt",
-        tiny_options={"tiny": True},
-    ),
-    RewardSpec(
-        name="videoalign",
-        loader="mmreward.models.vlm_heads:load_videoalign",
-        description="VideoReward (VideoAlign): Qwen2-VL-2B with VQ/MQ/TA heads, z-scored and summed",
-        modalities=("video",),
-        default_checkpoint="KwaiVGI/VideoReward",
-        requires=("transformers",),
-        score_range="sum of three z-scores; about -6 to 6",
-        preprocess="frames as given (or num_frames uniform samples), Qwen smart_resize with max_frame_pixels, "
-        "'detailed_special' prompt with three reward tokens",
-        tiny_options={"tiny": True},
-    ),
-]
 
 # The prompts the checkpoints were trained with (the reward token's hidden state depends on them).
 HPSV3_INSTRUCTION = """

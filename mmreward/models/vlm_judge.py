@@ -45,7 +45,6 @@ from dataclasses import dataclass
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import PairwiseOutput, Reward, RewardOutput, normalize_prompts
 
 
@@ -242,44 +241,6 @@ FAMILIES = {
         None, "", ("video",), line_ends=(";\n", ",\n", ""), soft_formula="normed", generated_soft=True,
     ),
 }
-
-SPECS = [
-    RewardSpec(
-        name="unifiedreward",
-        loader="mmreward.models.vlm_judge:load_unifiedreward",
-        description="UnifiedReward(-2.0) judge: 1-5 alignment/coherence (video: physics)/style, mean; pairwise verdicts debiased by order swap",
-        modalities=("image", "video"),
-        default_checkpoint="CodeGoat24/UnifiedReward-2.0-qwen-7b",
-        tags={"2.0-qwen-3b": "CodeGoat24/UnifiedReward-2.0-qwen-3b", "2.0-qwen-7b": "CodeGoat24/UnifiedReward-2.0-qwen-7b",
-              "qwen-7b": "CodeGoat24/UnifiedReward-qwen-7b"},
-        requires=("transformers",),
-        score_range="[1, 5] (NaN when the output cannot be parsed)",
-        preprocess="Qwen smart_resize; chat template; greedy decoding",
-        tiny_options={"tiny": True, "mode": "soft"},
-    ),
-    RewardSpec(
-        name="unifiedreward-think",
-        loader="mmreward.models.vlm_judge:load_unifiedreward_think",
-        description="UnifiedReward-Think: chain-of-thought judge, 'Final Score' 1-10 and pairwise <answer> verdicts",
-        modalities=("image", "video"),
-        default_checkpoint="CodeGoat24/UnifiedReward-Think-qwen-7b",
-        requires=("transformers",),
-        score_range="[1, 10] (NaN when the output cannot be parsed)",
-        preprocess="Qwen smart_resize; chat template; greedy decoding",
-        tiny_options={"tiny": True, "mode": "soft"},
-    ),
-    RewardSpec(
-        name="videoscore2",
-        loader="mmreward.models.vlm_judge:load_videoscore2",
-        description="VideoScore2: visual quality, text alignment, physical consistency (1-5 each), mean; normed soft digit scores",
-        modalities=("video",),
-        default_checkpoint="TIGER-Lab/VideoScore2",
-        requires=("transformers",),
-        score_range="[1, 5]",
-        preprocess="frames as given; Qwen smart_resize; chat template",
-        tiny_options={"tiny": True, "mode": "soft"},
-    ),
-]
 
 
 class VLMJudge(Reward):

@@ -14,32 +14,10 @@ from __future__ import annotations
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.registry import RewardSpec
 from mmreward.types import Reward, RewardOutput
 
 QUESTION_TEMPLATE = 'Does this figure show "{}"? Please answer yes or no.'
 ANSWER_TEMPLATE = "Yes"
-
-SPECS = [
-    RewardSpec(
-        name="vqascore",
-        loader="mmreward.models.vqascore:load_vqascore",
-        description="VQAScore: P('Yes') from a VLM asked whether the image/video shows the prompt",
-        modalities=("image", "video"),
-        default_checkpoint="Qwen/Qwen2.5-VL-7B-Instruct",
-        tags={
-            "qwen2-vl-2b": "Qwen/Qwen2-VL-2B-Instruct",
-            "qwen2-vl-7b": "Qwen/Qwen2-VL-7B-Instruct",
-            "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
-            "qwen2.5-vl-7b": "Qwen/Qwen2.5-VL-7B-Instruct",
-        },
-        requires=("transformers",),
-        score_range="[0, 1] probability of 'Yes'",
-        preprocess="Qwen smart_resize (sides multiple of 28, area in [min_pixels, max_pixels]), bicubic; "
-        "processor normalisation; chat template with generation prompt",
-        tiny_options={"tiny": True},
-    )
-]
 
 
 class VQAScore(Reward):
