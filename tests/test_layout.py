@@ -96,3 +96,41 @@ def test_preprocessing_has_one_home():
             if name.startswith(RETIRED_PREPROCESS_MODULES):
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, "code imports a retired preprocessing module:\n" + "\n".join(bad)
+
+
+def _test_kit_imports(source: str, module: str) -> list[str]:
+    """Imports of mmreward.testing in `source`, the code of `module` (relative imports resolved, lazy ones too)."""
+    package = module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            parent = ".".join(base + ([node.module] if node.module else []))
+            names = [parent] + [f"{parent}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n == "mmreward.testing" or n.startswith("mmreward.testing.")]
+    return sorted(set(found))
+
+
+def test_product_never_imports_the_test_kit():
+    # the scanner must see lazy, aliased and relative imports, or the scan below proves nothing
+    sample = "def f():\n    from ..testing import qwen_vl\n    import mmreward.testing.faulty as m\n"
+    assert _test_kit_imports(sample, "mmreward.models.x") == [
+        "mmreward.testing", "mmreward.testing.faulty", "mmreward.testing.qwen_vl"]
+    assert _test_kit_imports("from . import testing_utils\n", "mmreward.x") == []
+
+    kit = ROOT / "mmreward" / "testing"
+    bad = []
+    for path in _library_files():
+        if kit == path or kit in path.parents:
+            continue
+        rel = path.relative_to(ROOT)
+        module = ".".join(rel.with_suffix("").parts)
+        if path.name == "__init__.py":
+            module += ".__init__"  # its relative imports resolve against the package itself
+        bad += [f"{rel}: {name}" for name in _test_kit_imports(path.read_text(), module)]
+    assert not bad, "product code imports the test kit (it may only be imported by tests, demos and benchmarks):\n" + (
+        "\n".join(bad))

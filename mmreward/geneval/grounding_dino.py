@@ -164,7 +164,7 @@ def save_tiny_grounding_dino(folder: str | os.PathLike, *, image_size: int = 64,
         GroundingDinoProcessor,
     )
 
-    from mmreward.testing.tiny_models import build_bert_tokenizer
+    from mmreward.tokenizers import build_bert_tokenizer
 
     out = Path(folder)
     with tempfile.TemporaryDirectory() as tok_dir:

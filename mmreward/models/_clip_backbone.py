@@ -220,7 +220,7 @@ def default_clip_tokenizer():
     if "tok" not in _DEFAULT_TOKENIZER:
         import tempfile
 
-        from mmreward.testing.tokenizers import build_clip_tokenizer
+        from mmreward.tokenizers import build_clip_tokenizer
 
         with tempfile.TemporaryDirectory() as tmp:
             _DEFAULT_TOKENIZER["tok"] = build_clip_tokenizer(tmp)

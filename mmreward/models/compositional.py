@@ -88,7 +88,7 @@ def _owlv2(checkpoint: str | None, weights: str, detector_options: dict):
     from mmreward.geneval.owlv2 import OWLv2Detector, save_tiny_owlv2
 
     if weights == "random":
-        from mmreward.testing.tokenizers import build_clip_tokenizer
+        from mmreward.tokenizers import build_clip_tokenizer
 
         folder, tokenizer_dir = tempfile.mkdtemp(prefix="mmreward_tiny_owlv2_"), tempfile.mkdtemp(prefix="mmreward_clip_")
         build_clip_tokenizer(tokenizer_dir)

@@ -366,7 +366,7 @@ def load_imagereward(
         if tiny and tokenizer is None:
             import tempfile
 
-            from mmreward.testing.tiny_models import build_bert_tokenizer
+            from mmreward.tokenizers import build_bert_tokenizer
 
             with tempfile.TemporaryDirectory() as tmp:
                 tok = build_bert_tokenizer(tmp)

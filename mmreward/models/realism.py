@@ -91,7 +91,7 @@ def load_realism_classifier(
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     if weights == "random" and checkpoint is None:
-        from mmreward.testing.tiny_realism import save_tiny_image_classifier
+        from mmreward.models._realism_random import save_tiny_image_classifier
 
         checkpoint = save_tiny_image_classifier(tempfile.mkdtemp(prefix="mmreward_tiny_detector_"), arch=arch)
     if checkpoint is None:
@@ -220,9 +220,9 @@ def load_univfd(
     if backbone_format not in ("hf", "open_clip"):
         raise ConfigError(f"backbone_format must be 'hf' or 'open_clip', got {backbone_format!r}")
     if weights == "random" and backbone is None and backbone_config is None and backbone_format == "hf":
-        from mmreward.testing.tiny_realism import tiny_clip_vision_config
+        from mmreward.models._realism_random import UNIVFD_RANDOM_BACKBONE
 
-        backbone_config = tiny_clip_vision_config()
+        backbone_config = UNIVFD_RANDOM_BACKBONE
     if weights == "pretrained" and checkpoint is None:
         raise CheckpointError(
             f"univfd needs the probe weights: pass checkpoint='<path to UnivFD's {UNIVFD_FC_FILE}>' "

@@ -245,13 +245,9 @@ def load_hpsv3(checkpoint=None, *, weights="pretrained", base_model: str = "Qwen
 
 
 def _tiny_base(extra_tokens) -> str:
-    import tempfile
+    from mmreward.models._tiny_qwen_vl import tiny_qwen_vl_folder
 
-    from mmreward.testing.qwen_vl import build_tiny_qwen_vl
-
-    folder = tempfile.mkdtemp(prefix="mmreward-tiny-qwen2vl-")
-    build_tiny_qwen_vl(folder, extra_special_tokens=list(extra_tokens))
-    return folder
+    return tiny_qwen_vl_folder(extra_tokens)
 
 
 def _videoalign_folder(checkpoint: str) -> Path:

@@ -80,13 +80,9 @@ def load_vqascore(checkpoint=None, *, weights="pretrained", tiny: bool = False, 
     from mmreward.models import _qwen_vl
 
     if tiny:
-        import tempfile
+        from mmreward.models._tiny_qwen_vl import tiny_qwen_vl_folder
 
-        from mmreward.testing.qwen_vl import build_tiny_qwen_vl
-
-        folder = tempfile.mkdtemp(prefix="mmreward-tiny-qwen2vl-")
-        build_tiny_qwen_vl(folder)
-        checkpoint = folder  # tiny=True always means the seeded tiny model, never the default hub id
+        checkpoint = tiny_qwen_vl_folder()  # tiny=True always means the seeded tiny model, never the default hub id
         options.setdefault("max_pixels", 56 * 56)
     if checkpoint is None:
         from mmreward.errors import CheckpointError

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mmreward.synthetic.captions import PLURALS
 from mmreward.synthetic.prompts import COLORS, NUMBERS, SHAPES
-from mmreward.testing.tokenizers import _bytes_to_unicode, open_clip_bpe_path
+from mmreward.tokenizers import _bytes_to_unicode, open_clip_bpe_path
 
 # Everyday words beyond ShapesWorld's own, so that typical prompts tokenise into whole words.
 EXTRA_WORDS = (

@@ -12,7 +12,8 @@ from typing import Literal
 
 import torch
 
-from mmreward.testing.tokenizers import CLIP_VOCAB_SIZE, build_clip_tokenizer
+from mmreward.tokenizers import CLIP_VOCAB_SIZE, build_clip_tokenizer
+from mmreward.tokenizers import build_bert_tokenizer as build_bert_tokenizer  # tests' historical import path
 
 PipelineKind = Literal["sd", "sd3", "flux"]
 
@@ -233,26 +234,3 @@ def save_tiny_pipeline(kind: PipelineKind, path: str | os.PathLike, seed: int = 
     pipe = build_tiny_pipeline(kind, tok_dir, seed)
     pipe.save_pretrained(str(out))
     return out
-
-
-# ----------------------------------------------------------------------------------------------
-# image reward zoo (issue 3): BERT WordPiece tokenizer for tiny ImageReward models
-# ----------------------------------------------------------------------------------------------
-_BERT_WORDS = (
-    "a an the of and on in with to is are photo picture image painting red green blue yellow purple orange "
-    "white black cat dog circle square triangle star one two three four big small above below left right"
-).split()
-
-
-def build_bert_tokenizer(path: str | os.PathLike):
-    """A BertTokenizerFast (lower-casing WordPiece) with a small vocab.txt in bert-base-uncased's format."""
-    from transformers import BertTokenizerFast
-
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    chars = list("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_BERT_WORDS, *chars, *("##" + c for c in chars)]
-    (out / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tok = BertTokenizerFast.from_pretrained(str(out), do_lower_case=True)
-    tok.save_pretrained(str(out))
-    return tok

@@ -1,4 +1,7 @@
-"""Tiny random-weight ONNX graphs with the official input/output signatures of the packaged safety models.
+"""Random-weight ONNX graphs with the official input/output signatures of the packaged safety models.
+
+What `weights="random"` loads for open-nsfw and nudenet: the runtime path (onnxruntime session, input
+layout, output decoding) is the real one, only the graph in between is a small random stand-in.
 
 open_nsfw: (N, 224, 224, 3) BGR minus VGG mean -> (N, 2) softmax [P(sfw), P(nsfw)].
 NudeNet 320n (YOLOv8): (N, 3, 320, 320) in [0, 1] -> (N, 4 + 18, anchors) boxes (cx, cy, w, h) and class scores.
