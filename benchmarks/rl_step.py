@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
     from diffusion_rl.config import from_dict
     from diffusion_rl.kernels import Kernel
-    from diffusion_rl.rollout import load_pipeline, make_adapter, rollout
+    from diffusion_rl.pipelines import load_pipeline, make_adapter
+    from diffusion_rl.rollout import rollout
     from diffusion_rl.trainer import Trainer
 
     tmp = tempfile.TemporaryDirectory()

@@ -35,15 +35,9 @@ import torch
 from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.losses import gaussian_kl, normalized_log_ratio, ppo_clip_loss
-from diffusion_rl.rollout import (
-    PromptEmbeds,
-    Trajectory,
-    load_pipeline,
-    make_adapter,
-    noise_key,
-    rollout,
-    step_log_prob,
-)
+from diffusion_rl.pipelines import PromptEmbeds, load_pipeline, make_adapter
+from diffusion_rl.rollout import Trajectory, rollout, step_log_prob
+from diffusion_rl.seeding import noise_key
 from mmreward.errors import CheckpointError, ConfigError
 
 CHECKPOINT_FORMAT = 2  # 1: one pickled trainer_state.pt; 2: safetensors + trainer_state.json
@@ -630,7 +624,7 @@ class Trainer:
                 save_file({f"{prefix}.{k}": v.contiguous() for k, v in sd.items()},
                           str(path / "pytorch_lora_weights.safetensors"))
             else:
-                model.save_pretrained(str(path / self.adapter._denoiser_attr))
+                model.save_pretrained(str(path / self.adapter.denoiser_attr))
         return path
 
     def fit(self) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from diffusion_rl.algorithms.draft import sample_with_truncated_backprop, truncation_steps
 from diffusion_rl.config import from_dict
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.rollout import make_adapter, rollout
+from diffusion_rl.pipelines import make_adapter
+from diffusion_rl.rollout import rollout
 from mmreward.errors import ConfigError
 
 

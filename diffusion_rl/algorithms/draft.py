@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.rollout import PipelineAdapter, PromptEmbeds, counter_noise, kernel_for, noise_key
+from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
+from diffusion_rl.rollout import kernel_for
+from diffusion_rl.seeding import counter_noise, noise_key
 from mmreward.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -63,12 +65,6 @@ def truncation_steps(strategy: str, max_steps: int, num_steps: int, seed: int, i
         gen = torch.Generator().manual_seed(noise_key(seed, iteration, -5))
         return int(torch.randint(1, cap + 1, (1,), generator=gen))
     raise ConfigError(f"backprop_strategy must be 'fixed' or 'uniform', got {strategy!r}")
-
-
-def differentiable_decode(adapter: PipelineAdapter, latents: torch.Tensor) -> torch.Tensor:
-    """The adapter's decode (latents -> images in [0, 1]) with the autograd graph kept."""
-    images = adapter._decode_latents(latents.to(adapter.pipeline.vae.dtype))
-    return (images.float() / 2 + 0.5).clamp(0, 1)
 
 
 def sample_with_truncated_backprop(
@@ -107,7 +103,7 @@ def sample_with_truncated_backprop(
         with torch.set_grad_enabled(j >= first_grad_step and torch.is_grad_enabled()):
             out = adapter.predict(model, x, t, embeds, guidance_scale)
             x = kernel.step(x, out, a, b, noise=noise).prev_sample
-    return differentiable_decode(adapter, x)
+    return adapter.decode(x, keep_graph=True)
 
 
 @dataclass
