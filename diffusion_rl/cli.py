@@ -13,27 +13,7 @@ from collections.abc import Sequence
 
 import yaml
 
-
-def _usage_errors() -> tuple[type[Exception], ...]:
-    from mmreward.errors import (
-        CheckpointError,
-        ConfigError,
-        MissingExtraError,
-        RewardInputError,
-        UnknownRewardError,
-    )
-
-    # what a user fixes in the command or the config: bad values, unknown rewards or reward options,
-    # a model or checkpoint that is not there, a missing optional package
-    return (ConfigError, UnknownRewardError, CheckpointError, RewardInputError, MissingExtraError)
-
-
-USAGE_ERRORS = _usage_errors()
-
-
-def one_line(exc: BaseException) -> str:
-    """The error's message on one line (messages quoting YAML or a loader's error can span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+from diffusion_rl.usage_errors import USAGE_ERRORS, one_line
 
 
 def build_parser() -> argparse.ArgumentParser:
