@@ -8,7 +8,7 @@ Simplification: samples are organised as prompts x group_size (group_size 1 draw
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,19 +16,6 @@ from diffusion_rl.advantages import PerPromptStatTracker, aggregate, clip_advant
 
 if TYPE_CHECKING:
     from diffusion_rl.trainer import RolloutBatch, Trainer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "ddpo": {
-        "train": {"algorithm": "ddpo", "learning_rate": 3e-4, "clip_range": 1e-4, "timestep_fraction": 1.0,
-                  "kl_beta": 0.0, "max_grad_norm": 1.0, "weight_decay": 1e-4, "num_minibatches": 2},
-        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0,
-                   "group_size": 1, "prompts_per_iteration": 256},
-        "advantage": {"per_prompt_tracking": True, "buffer_size": 16, "min_count": 16, "eps": 1e-6,
-                      "unbiased": False, "clip_max": 5.0},
-        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
-    },
-}
-
 
 class DDPO:
     name = "ddpo"

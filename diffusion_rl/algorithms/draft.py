@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,24 +36,6 @@ from mmreward.errors import ConfigError
 
 if TYPE_CHECKING:
     from diffusion_rl.trainer import Trainer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "draft": {
-        "train": {"algorithm": "draft", "backprop_steps": 1, "backprop_strategy": "fixed", "learning_rate": 1e-4,
-                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
-        "sample": {"num_steps": 50, "guidance_scale": 7.5, "kernel": "ddim", "noise_level": 0.0, "group_size": 1,
-                   "prompts_per_iteration": 8},
-        "model": {"lora": True, "lora_rank": 8, "lora_alpha": 8, "gradient_checkpointing": True},
-    },
-    "alignprop": {
-        "train": {"algorithm": "draft", "backprop_steps": 50, "backprop_strategy": "uniform", "learning_rate": 1e-3,
-                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
-        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 1,
-                   "prompts_per_iteration": 8},
-        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4, "gradient_checkpointing": True},
-    },
-}
-
 
 def truncation_steps(strategy: str, max_steps: int, num_steps: int, seed: int, iteration: int) -> int:
     """K for this iteration: `max_steps` ('fixed') or uniform in [1, max_steps] ('uniform'), counter-based

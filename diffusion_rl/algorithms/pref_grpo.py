@@ -10,7 +10,7 @@ G = 8, 60% of the steps, GRPO-Guard ratio normalisation, LoRA rank 64 / alpha 12
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,20 +18,6 @@ from diffusion_rl.advantages import clip_advantages, group_advantages, pref_grpo
 
 if TYPE_CHECKING:
     from diffusion_rl.trainer import RolloutBatch, Trainer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "pref_grpo": {
-        "train": {"algorithm": "pref_grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
-                  "timestep_selection": "random", "kl_beta": 0.0, "ratio_norm": True, "max_grad_norm": 1.0,
-                  "weight_decay": 1e-4},
-        "sample": {"num_steps": 25, "guidance_scale": 3.5, "kernel": "flow_sde", "noise_level": 0.7, "group_size": 8,
-                   "share_initial_noise": True, "prompts_per_iteration": 4},
-        "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
-        "model": {"lora": True, "lora_rank": 64, "lora_alpha": 128},
-        "reward": {"both_orders": True, "win_mode": "hard"},
-    },
-}
-
 
 class PrefGRPO:
     name = "pref_grpo"
