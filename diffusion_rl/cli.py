@@ -58,10 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             return 0
-        from diffusion_rl.trainer import Trainer
+        from diffusion_rl.trainer import train
 
-        trainer = Trainer(cfg)
-        history = trainer.fit()
+        trainer = train(cfg)
+        history = trainer.history
     except USAGE_ERRORS as exc:
         print(f"diffusion-rl {args.command}: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -188,3 +188,19 @@ def rollout(
         traj.images = adapter.decode(x)
     return traj
 
+
+@dataclass
+class RolloutBatch:
+    """One iteration's local samples, scored: what an algorithm turns into advantages."""
+
+    traj: Trajectory
+    prompts: list[str]  # (N,) the prompt of each sample
+    slots: torch.Tensor  # (N,) long: the prompt slot (= group id)
+    rewards: dict[str, torch.Tensor]  # name -> (N,)
+    train_steps: torch.Tensor  # (N, k) long: the steps trained for each sample
+    slot_prompts: list[str]  # the prompt of every slot of the iteration, on all processes
+    advantages: torch.Tensor | None = None
+
+    @property
+    def images(self) -> torch.Tensor:
+        return self.traj.images
