@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
     from diffusion_rl.config import from_dict
     from diffusion_rl.kernels import Kernel
-    from diffusion_rl.rollout import load_pipeline, make_adapter, rollout
+    from diffusion_rl.pipelines import load_pipeline, make_adapter
+    from diffusion_rl.rollout import rollout
     from diffusion_rl.trainer import Trainer
 
     tmp = tempfile.TemporaryDirectory()
@@ -91,17 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log": {"output_dir": f"{tmp.name}/run", "progress": False},
     })
     trainer = Trainer(cfg, pipeline=load_pipeline(pretrained))
-    batch = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(trainer, batch)
+    batch, order = trainer.collect(0)
+    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
     idx = torch.arange(len(batch.slots))
     k = batch.train_steps.shape[1]
     traj = batch.traj
     rows = torch.arange(len(idx))
 
     def trainer_step():
-        trainer._minibatch_step(batch, idx, probe=False)
+        trainer.minibatch_step(batch, idx, probe=False)
 
-    model, opt, ad = trainer.model, trainer.optimizer, trainer.adapter
+    model, opt, ad = trainer.policy.model, trainer.policy.optimizer, trainer.adapter
 
     def bare_step():
         for s in range(k):

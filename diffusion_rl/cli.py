@@ -13,27 +13,7 @@ from collections.abc import Sequence
 
 import yaml
 
-
-def _usage_errors() -> tuple[type[Exception], ...]:
-    from mmreward.errors import (
-        CheckpointError,
-        ConfigError,
-        MissingExtraError,
-        RewardInputError,
-        UnknownRewardError,
-    )
-
-    # what a user fixes in the command or the config: bad values, unknown rewards or reward options,
-    # a model or checkpoint that is not there, a missing optional package
-    return (ConfigError, UnknownRewardError, CheckpointError, RewardInputError, MissingExtraError)
-
-
-USAGE_ERRORS = _usage_errors()
-
-
-def one_line(exc: BaseException) -> str:
-    """The error's message on one line (messages quoting YAML or a loader's error can span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+from diffusion_rl.usage_errors import USAGE_ERRORS, one_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,10 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             return 0
-        from diffusion_rl.trainer import Trainer
+        from diffusion_rl.trainer import train
 
-        trainer = Trainer(cfg)
-        history = trainer.fit()
+        trainer = train(cfg)
+        history = trainer.history
     except USAGE_ERRORS as exc:
         print(f"diffusion-rl {args.command}: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from typing import Any, Union
 
 import yaml
 
+from diffusion_rl.presets import PRESETS
 from mmreward.errors import ConfigError
 
 
@@ -410,8 +411,6 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
     data = dict(data)
     preset = _check_type("preset", str | None, data.get("preset"))
     if preset is not None:
-        from diffusion_rl.algorithms import PRESETS
-
         if preset not in PRESETS:
             raise ConfigError(f"preset {preset!r} is unknown; choose one of {sorted(PRESETS)}")
         data = _merge(PRESETS[preset], data)

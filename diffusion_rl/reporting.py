@@ -1,12 +1,19 @@
-"""PNG outputs of a run: image grids and reward curves (matplotlib, headless)."""
+"""What a run leaves to look at: metrics.jsonl, experiment trackers, image grids and reward curves (PNG,
+matplotlib headless)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from diffusion_rl.config import LogConfig
+from mmreward.errors import require
 
 
 def save_grid(images: torch.Tensor, path: str | Path, ncol: int = 8) -> Path:
@@ -61,3 +68,39 @@ def plot_curves(history: list[dict[str, Any]], path: str | Path) -> Path | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def append_metrics(out_dir: Path, metrics: dict[str, Any], trackers: list[Callable[[dict[str, Any]], Any]]) -> None:
+    """One line of metrics.jsonl, and the same metrics to every tracker (TensorBoard, W&B)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(metrics) + "\n")
+    for tracker in trackers:
+        tracker(metrics)
+
+
+def rewrite_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:
+    """On resume, metrics.jsonl holds exactly the checkpoint's history: lines logged after the checkpoint
+    by the interrupted run would otherwise appear twice once those iterations are rerun."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "metrics.jsonl"
+    tmp = target.with_name(f".metrics.jsonl.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in history))
+    os.replace(tmp, target)
+
+
+def open_trackers(log: LogConfig, out_dir: Path, run_config: dict[str, Any]) -> list[Callable[[dict[str, Any]], Any]]:
+    """The optional experiment trackers `log.tensorboard` / `log.wandb` ask for, as metric sinks."""
+    trackers: list[Callable[[dict[str, Any]], Any]] = []
+    if log.tensorboard:
+        require("tensorboard", "tracking", "log.tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out_dir / "tensorboard"))
+        trackers.append(lambda m: [writer.add_scalar(k, v, m["iteration"]) for k, v in m.items()
+                                   if isinstance(v, (int, float))])
+    if log.wandb:
+        wandb = require("wandb", "tracking", "log.wandb")
+        run = wandb.init(project="diffusion_rl", config=run_config, dir=str(out_dir))
+        trackers.append(lambda m: run.log(m, step=m["iteration"]))
+    return trackers

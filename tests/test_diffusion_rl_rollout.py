@@ -7,7 +7,9 @@ import torch
 from tolerances import assert_close_scaled
 
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.rollout import counter_noise, load_pipeline, make_adapter, rollout, step_log_prob
+from diffusion_rl.pipelines import load_pipeline, make_adapter
+from diffusion_rl.rollout import rollout, step_log_prob
+from diffusion_rl.seeding import counter_noise
 from mmreward.errors import ConfigError
 
 

@@ -14,8 +14,10 @@ import pytest
 import torch
 import yaml
 
+from diffusion_rl.checkpointing import read_checkpoint
 from diffusion_rl.config import TrainConfig, from_dict, load_config, parse_overrides
-from diffusion_rl.trainer import ProbeError, Trainer, read_checkpoint
+from diffusion_rl.probe import ProbeError
+from diffusion_rl.trainer import Trainer
 from mmreward.errors import CheckpointError, ConfigError
 
 PROMPTS = ["a red circle", "a blue square", "a green star"]
@@ -90,8 +92,8 @@ def test_exact_resume_and_outputs(pipes, tmp_path, kind, algo):
 
 def test_probe_stops_when_training_path_disagrees(pipes, tmp_path):
     trainer = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", tmp_path)))
-    batch = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(trainer, batch)
+    batch, order = trainer.collect(0)
+    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
     batch.traj.log_probs += 1e-2  # as if the rollout had used another guidance scale or dtype
     with pytest.raises(ProbeError, match="first PPO ratio is not 1"):
         trainer.update(batch)
@@ -155,7 +157,7 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path):
     assert two["history"][0]["train/grad_norm"] == pytest.approx(one.history[0]["train/grad_norm"], rel=1e-4)
     # ... and the same Adam step, to 1% of the learning rate (Adam amplifies float noise on
     # coordinates whose gradient is near its eps)
-    names = {id(p): n for n, p in one.unwrapped.named_parameters()}
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
     lr = cfg["train"]["learning_rate"]
     for p in one.trainable:
         other = two["params"][names[id(p)]]

@@ -12,7 +12,8 @@ from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from diffusion_rl.algorithms.draft import sample_with_truncated_backprop, truncation_steps
 from diffusion_rl.config import from_dict
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.rollout import make_adapter, rollout
+from diffusion_rl.pipelines import make_adapter
+from diffusion_rl.rollout import rollout
 from mmreward.errors import ConfigError
 
 
@@ -127,7 +128,7 @@ def test_one_draft_iteration_updates_lora_weights(kind, tmp_path, tiny_pipeline_
     assert metrics["train/grad_norm"] > 0
     assert metrics["reward/mock"] == pytest.approx(-metrics["train/loss"], rel=1e-5)
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.trainable))
-    assert trainer._last_batch.images.shape == (4, 3, 16, 16)
+    assert trainer.last_images.shape == (4, 3, 16, 16)
 
 
 def test_draft_refuses_non_differentiable_rewards(tmp_path, tiny_pipeline_dir):

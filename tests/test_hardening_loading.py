@@ -378,17 +378,15 @@ def test_local_card_cannot_name_code(tmp_path):
 
 
 def test_diffusion_rl_reward_config_cannot_run_code(tmp_path):
-    from types import SimpleNamespace
 
     from diffusion_rl.config import RewardConfig
-    from diffusion_rl.trainer import Trainer
+    from diffusion_rl.rewards import load_reward
 
     marker = tmp_path / "pwned"
     cfg = RewardConfig(rewards={"subprocess:run": 1.0}, options={"subprocess:run": {"args": ["touch", str(marker)]}})
     # the trainer's reward loading, without building a pipeline around it
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), cfg=SimpleNamespace(reward=cfg))
     with pytest.raises(UnknownRewardError):
-        Trainer._load_reward(trainer, "subprocess:run")
+        load_reward("subprocess:run", cfg, "cpu")
     assert not marker.exists()
 
 

@@ -10,8 +10,8 @@ import torch
 from inference_fixtures import mock_objective, one_thread, sd_generator  # noqa: F401 - shared fixtures
 
 from diffusion_rl.inference import NoiseToImage, RenoConfig, RewardObjective, norm_regularizer, reno
-from diffusion_rl.inference.noise_to_image import mix_seed
 from diffusion_rl.inference.reno import clip_per_item_
+from diffusion_rl.seeding import mix_seed
 from mmreward.errors import ConfigError
 
 

@@ -66,6 +66,10 @@ def test_bad_inputs_name_the_argument(sd_generator):
         sd_generator(sd_generator.sample_noise([1, 2]), ["a"])
     with pytest.raises(ConfigError, match="not supported for noise optimisation"):
         NoiseToImage(object())
+    # a dtype name is checked against the allowed set before anything is loaded (no getattr(torch, name))
+    for bad in ("float64", "Tensor", "__class__"):
+        with pytest.raises(ConfigError, match=r"dtype: expected one of \['bfloat16', 'float16', 'float32'\]"):
+            NoiseToImage.from_pretrained("/nonexistent/pipeline", dtype=bad)
     with pytest.raises(ConfigError, match="NAME=WEIGHT"):
         parse_weighted(["hpsv2.1=five"])
     assert parse_weighted(["hpsv2.1=5", "imagereward=1", "clipscore"]) == {"hpsv2.1": 5.0, "imagereward": 1.0, "clipscore": 1.0}
@@ -225,5 +229,5 @@ def test_half_precision_pipeline_keeps_the_noise_in_fp32(tiny_pipeline_dir, mock
 
 def test_max_sequence_length_reaches_the_t5_encoder(tiny_pipeline_dir):
     gen = NoiseToImage.from_pretrained(tiny_pipeline_dir("sd3"), height=16, width=16, max_sequence_length=4)
-    emb = gen.encode(["a red circle"]).kwargs["prompt_embeds"]
+    emb = gen.encode(["a red circle"]).tensors["prompt_embeds"]
     assert emb.shape[1] == 77 + 4  # SD3 concatenates the CLIP tokens and the T5 tokens

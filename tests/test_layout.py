@@ -134,3 +134,77 @@ def test_product_never_imports_the_test_kit():
         bad += [f"{rel}: {name}" for name in _test_kit_imports(path.read_text(), module)]
     assert not bad, "product code imports the test kit (it may only be imported by tests, demos and benchmarks):\n" + (
         "\n".join(bad))
+
+
+def _module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in its body (lazy and TYPE_CHECKING imports too:
+    each is a dependency a reader has to follow). `from a import b` counts as importing a.b when that is a
+    module, else a; importing a submodule does not count as importing its parent package (as grimp does)."""
+    files = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = mod.split(".")[: len(mod.split(".")) - node.level + is_pkg]
+                    base = ".".join(parts + ([base] if base else []))
+                for a in node.names:
+                    deps.add(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base)
+        graph[mod] = {d for d in deps if d in files and d != mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_finds_a_cycle(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..c import g\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    assert _cycles(_module_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+
+
+def test_diffusion_rl_has_no_import_cycles():
+    graph = _module_graph(ROOT, "diffusion_rl")
+    assert graph["diffusion_rl.trainer"] >= {"diffusion_rl.algorithms", "diffusion_rl.rollout"}  # the graph is real
+    assert not _cycles(graph), f"import cycles among diffusion_rl modules: {_cycles(graph)}"

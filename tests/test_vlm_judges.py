@@ -269,7 +269,7 @@ def test_pref_grpo_with_a_pairwise_judge_asks_each_ordered_pair_once(group_size,
     with BrightnessJudgeServer() as srv:
         judge = mmreward.load("unifiedreward-think", backend="openai", base_url=srv.url, checkpoint="j",
                               debias=both_orders)
-        adv, metrics = PrefGRPO().advantages(SimpleNamespace(cfg=cfg, pairwise_reward=judge), batch)
+        adv, metrics = PrefGRPO(cfg, judge).advantages(batch, None)
 
     expected_adv, agree = [], []
     for prompt, lv in zip(prompts, levels):

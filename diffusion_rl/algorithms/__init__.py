@@ -1,20 +1,40 @@
-"""One readable file per method. Each exposes an algorithm class (the advantage computation that
-distinguishes it; the PPO update is shared in `diffusion_rl.trainer`) and the papers' presets."""
+"""One readable file per method. A policy-gradient method (GRPO, Pref-GRPO, DDPO) is the advantage
+computation that distinguishes it: `advantages(batch, order) -> (this process's advantages, metrics)`, where
+`order` gathers rewards from every process in canonical order; the PPO update is shared in
+`diffusion_rl.trainer`. DRaFT/AlignProp backpropagate the reward instead and bring their own `iteration`.
+None of them sees the trainer. The papers' presets are in `diffusion_rl.presets`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from diffusion_rl.algorithms.ddpo import DDPO
-from diffusion_rl.algorithms.ddpo import PRESETS as _DDPO_PRESETS
-from diffusion_rl.algorithms.draft import PRESETS as _DRAFT_PRESETS
 from diffusion_rl.algorithms.draft import DRaFT
 from diffusion_rl.algorithms.grpo import GRPO
-from diffusion_rl.algorithms.grpo import PRESETS as _GRPO_PRESETS
-from diffusion_rl.algorithms.pref_grpo import PRESETS as _PREF_PRESETS
 from diffusion_rl.algorithms.pref_grpo import PrefGRPO
+from diffusion_rl.config import RunConfig
+from diffusion_rl.rollout import RolloutBatch
+from diffusion_rl.sharding import CanonicalOrder
 
-PRESETS: dict[str, dict[str, Any]] = {**_GRPO_PRESETS, **_PREF_PRESETS, **_DDPO_PRESETS, **_DRAFT_PRESETS}
-ALGORITHMS = {"grpo": GRPO, "pref_grpo": PrefGRPO, "ddpo": DDPO, "draft": DRaFT}
 
-__all__ = ["ALGORITHMS", "DDPO", "DRaFT", "GRPO", "PRESETS", "PrefGRPO"]
+class AdvantageAlgorithm(Protocol):
+    name: str
+
+    def advantages(self, batch: RolloutBatch, order: CanonicalOrder) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None) -> AdvantageAlgorithm | DRaFT:
+    """The method `train.algorithm` names, built from the config and the rewards it needs."""
+    name = cfg.train.algorithm
+    if name == "grpo":
+        return GRPO(cfg)
+    if name == "ddpo":
+        return DDPO(cfg)
+    if name == "pref_grpo":
+        return PrefGRPO(cfg, pairwise)
+    return DRaFT(cfg, rewards)
+
+
+__all__ = ["DDPO", "AdvantageAlgorithm", "DRaFT", "GRPO", "PrefGRPO", "make_algorithm"]

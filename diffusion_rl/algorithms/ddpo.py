@@ -1,65 +1,58 @@
 """DDPO (Black et al., 2023): PPO on the DDIM chain of a UNet diffusion model.
 
 Advantages are rewards normalised per prompt with a running buffer (`PerPromptStatTracker`, buffer 16,
-min count 16, as ddpo-pytorch), or over the whole batch. The preset follows ddpo-pytorch's base config:
+min count 16, as ddpo-pytorch), or over the whole batch. The preset (`diffusion_rl.presets`) follows ddpo-pytorch's base config:
 50 DDIM steps with eta 1, CFG 5, every step trained, clip range 1e-4, lr 3e-4, LoRA.
 Simplification: samples are organised as prompts x group_size (group_size 1 draws independent prompts).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from diffusion_rl.advantages import PerPromptStatTracker, aggregate, clip_advantages, global_advantages
-
-if TYPE_CHECKING:
-    from diffusion_rl.trainer import RolloutBatch, Trainer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "ddpo": {
-        "train": {"algorithm": "ddpo", "learning_rate": 3e-4, "clip_range": 1e-4, "timestep_fraction": 1.0,
-                  "kl_beta": 0.0, "max_grad_norm": 1.0, "weight_decay": 1e-4, "num_minibatches": 2},
-        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0,
-                   "group_size": 1, "prompts_per_iteration": 256},
-        "advantage": {"per_prompt_tracking": True, "buffer_size": 16, "min_count": 16, "eps": 1e-6,
-                      "unbiased": False, "clip_max": 5.0},
-        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
-    },
-}
+from diffusion_rl.config import RunConfig
+from diffusion_rl.rollout import RolloutBatch
+from diffusion_rl.sharding import CanonicalOrder
 
 
 class DDPO:
+    """Per-prompt running normalisation; the tracker is the algorithm's state, saved in checkpoints."""
+
     name = "ddpo"
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
         self.tracker: PerPromptStatTracker | None = None
 
-    def advantages(self, trainer: Trainer, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = trainer.cfg
-        gathered = {k: trainer.gather_canonical(v) for k, v in batch.rewards.items()}
-        slots = trainer.gather_canonical(batch.slots)
-        prompts = [trainer.iteration_prompts[int(s)] for s in slots.tolist()]
+    def advantages(self, batch: RolloutBatch, order: CanonicalOrder) -> tuple[torch.Tensor, dict[str, float]]:
+        """This process's advantages; every process updates its tracker with all processes' rewards."""
+        cfg = self.cfg
+        gathered = {k: order.gather(v) for k, v in batch.rewards.items()}
+        slots = order.gather(batch.slots)
+        prompts = [batch.slot_prompts[int(s)] for s in slots.tolist()]
         if cfg.advantage.per_prompt_tracking:
             if self.tracker is None:
                 self.tracker = PerPromptStatTracker(cfg.advantage.buffer_size, cfg.advantage.min_count, cfg.advantage.eps)
+            tracker = self.tracker
 
-            def normalize(r):
-                return self.tracker.update(prompts, r)
+            def normalize(r: torch.Tensor) -> torch.Tensor:
+                return tracker.update(prompts, r)
         else:
-            def normalize(r):
+            def normalize(r: torch.Tensor) -> torch.Tensor:
                 return global_advantages(r, unbiased=cfg.advantage.unbiased, eps=cfg.advantage.eps)
 
         # a stat tracker must see each prompt's rewards once per iteration, so it always aggregates rewards first
         level = "reward" if cfg.advantage.per_prompt_tracking else cfg.reward.aggregation
         total, adv = aggregate(gathered, cfg.reward.rewards, normalize, level=level)
-        return trainer.local_part(clip_advantages(adv, cfg.advantage.clip_max)), {"reward/combined": float(total.mean())}
+        return order.local(clip_advantages(adv, cfg.advantage.clip_max)), {"reward/combined": float(total.mean())}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"tracker": None if self.tracker is None else self.tracker.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("tracker") is not None:
             self.tracker = PerPromptStatTracker()
             self.tracker.load_state_dict(state["tracker"])

@@ -12,45 +12,33 @@ DRaFT-K uses a fixed K (K = 1 works best in the paper); AlignProp draws K at ran
 ("randomised truncated backpropagation") so every step's weights receive gradient over training.
 Gradient checkpointing of the denoiser (`model.gradient_checkpointing`) keeps the K steps affordable.
 
-This runs inside the GRPO family's `Trainer` (same configs, LoRA/EMA/accelerate setup, evaluation,
-logging and checkpoints) by replacing its iteration. Simplifications: DRaFT-LV's extra noised copies
+`DRaFT.iteration` is the whole iteration (sample with truncated backprop -> score -> backward -> step); the
+trainer calls it in place of its rollout/PPO iteration and keeps the shared setup (configs, LoRA/EMA/accelerate,
+evaluation, logging and checkpoints). Simplifications: DRaFT-LV's extra noised copies
 are not implemented; the sampler is the configured kernel (ODE / DDIM eta=0 for DRaFT; AlignProp's
 code samples DDIM with eta=1, which stays differentiable because the step noise is fixed). The presets'
-lr and LoRA rank for DRaFT are ours (the paper's code is not public); AlignProp's follow its config
+(`diffusion_rl.presets`) lr and LoRA rank for DRaFT are ours (the paper's code is not public); AlignProp's follow its config
 (lr 1e-3, 50 DDIM steps, eta 1, guidance 5, grad-norm 1).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.rollout import PipelineAdapter, PromptEmbeds, counter_noise, kernel_for, noise_key
+from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
+from diffusion_rl.policy import Policy
+from diffusion_rl.rollout import kernel_for
+from diffusion_rl.seeding import counter_noise, noise_key
 from mmreward.errors import ConfigError
 
-if TYPE_CHECKING:
-    from diffusion_rl.trainer import Trainer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "draft": {
-        "train": {"algorithm": "draft", "backprop_steps": 1, "backprop_strategy": "fixed", "learning_rate": 1e-4,
-                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
-        "sample": {"num_steps": 50, "guidance_scale": 7.5, "kernel": "ddim", "noise_level": 0.0, "group_size": 1,
-                   "prompts_per_iteration": 8},
-        "model": {"lora": True, "lora_rank": 8, "lora_alpha": 8, "gradient_checkpointing": True},
-    },
-    "alignprop": {
-        "train": {"algorithm": "draft", "backprop_steps": 50, "backprop_strategy": "uniform", "learning_rate": 1e-3,
-                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
-        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 1,
-                   "prompts_per_iteration": 8},
-        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4, "gradient_checkpointing": True},
-    },
-}
+TRUNCATION_DRAW = -5  # the last counter of the seed of AlignProp's K
 
 
 def truncation_steps(strategy: str, max_steps: int, num_steps: int, seed: int, iteration: int) -> int:
@@ -60,15 +48,9 @@ def truncation_steps(strategy: str, max_steps: int, num_steps: int, seed: int, i
     if strategy == "fixed":
         return cap
     if strategy == "uniform":
-        gen = torch.Generator().manual_seed(noise_key(seed, iteration, -5))
+        gen = torch.Generator().manual_seed(noise_key(seed, iteration, TRUNCATION_DRAW))
         return int(torch.randint(1, cap + 1, (1,), generator=gen))
     raise ConfigError(f"backprop_strategy must be 'fixed' or 'uniform', got {strategy!r}")
-
-
-def differentiable_decode(adapter: PipelineAdapter, latents: torch.Tensor) -> torch.Tensor:
-    """The adapter's decode (latents -> images in [0, 1]) with the autograd graph kept."""
-    images = adapter._decode_latents(latents.to(adapter.pipeline.vae.dtype))
-    return (images.float() / 2 + 0.5).clamp(0, 1)
 
 
 def sample_with_truncated_backprop(
@@ -107,17 +89,19 @@ def sample_with_truncated_backprop(
         with torch.set_grad_enabled(j >= first_grad_step and torch.is_grad_enabled()):
             out = adapter.predict(model, x, t, embeds, guidance_scale)
             x = kernel.step(x, out, a, b, noise=noise).prev_sample
-    return differentiable_decode(adapter, x)
+    return adapter.decode(x, keep_graph=True)
 
 
-@dataclass
 class DRaFT:
-    """The trainer's iteration for reward backpropagation (see the module docstring)."""
+    """Reward backpropagation (see the module docstring): `iteration` runs one whole iteration."""
 
-    name: str = "draft"
+    name = "draft"
 
-    def _check_rewards(self, trainer: Trainer) -> None:
-        bad = [n for n, r in trainer.rewards.items() if not r.differentiable]
+    def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
+        self.cfg, self.rewards = cfg, rewards
+
+    def _check_rewards(self) -> None:
+        bad = [n for n, r in self.rewards.items() if not r.differentiable]
         if bad:
             raise ConfigError(
                 f"reward.rewards: DRaFT/AlignProp backpropagate through the rewards, but {bad} are not "
@@ -125,40 +109,33 @@ class DRaFT:
                 "algorithm (grpo, ddpo) that takes any reward"
             )
 
-    def iteration(self, trainer: Trainer, it: int) -> dict[str, float]:
-        import time
-
-        self._check_rewards(trainer)
-        cfg, acc = trainer.cfg, trainer.accelerator
+    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
+                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
+                  ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step on this process's samples; returns the metrics and the (detached) images."""
+        self._check_rewards()
+        cfg, acc, model = self.cfg, policy.accelerator, policy.model
         t0 = time.perf_counter()
-        g = cfg.sample.group_size
-        trainer.iteration_prompts = trainer.prompts_for_iteration(it)
-        slots = torch.tensor(trainer.local_slots()).repeat_interleave(g)
-        sample_ids = torch.arange(g).repeat(len(slots) // g)
-        prompts = [trainer.iteration_prompts[s] for s in slots.tolist()]
-        embeds = trainer.embeds_for(prompts)
         k = truncation_steps(cfg.train.backprop_strategy, cfg.train.backprop_steps, cfg.sample.num_steps,
                              cfg.train.seed, it)
         weights = cfg.reward.rewards
-        trainer.model.train()
+        model.train()
         n = len(prompts)
         chunks = list(torch.split(torch.arange(n), cfg.train.micro_batch_size))
-        rewards: dict[str, list[torch.Tensor]] = {name: [] for name in trainer.rewards}
+        rewards: dict[str, list[torch.Tensor]] = {name: [] for name in self.rewards}
         losses, images_all = [], []
         for c, idx in enumerate(chunks):
-            sync = c == len(chunks) - 1
-            ctx = acc.no_sync(trainer.model) if not sync else _null()
-            with ctx:
+            # gradients are averaged over processes once, on the last micro-batch
+            with contextlib.nullcontext() if c == len(chunks) - 1 else acc.no_sync(model):
                 with acc.autocast():
                     images = sample_with_truncated_backprop(
-                        trainer.adapter, trainer.model, embeds.index(idx), slots[idx].tolist(),
-                        sample_ids[idx].tolist(), num_steps=cfg.sample.num_steps,
-                        guidance_scale=cfg.sample.guidance_scale, kernel=trainer.kernel, backprop_steps=k,
-                        seed=cfg.train.seed, epoch=it,
+                        adapter, model, embeds.index(idx), slots[idx].tolist(), sample_ids[idx].tolist(),
+                        num_steps=cfg.sample.num_steps, guidance_scale=cfg.sample.guidance_scale, kernel=kernel,
+                        backprop_steps=k, seed=cfg.train.seed, epoch=it,
                     )
                 chunk_prompts = [prompts[i] for i in idx.tolist()]
                 total = torch.zeros(len(idx), device=acc.device)
-                for name, reward in trainer.rewards.items():
+                for name, reward in self.rewards.items():
                     r = reward.score(chunk_prompts, images).scores.to(acc.device)
                     rewards[name].append(r.detach())
                     sign = 1.0 if reward.higher_is_better else -1.0
@@ -168,38 +145,17 @@ class DRaFT:
                 acc.backward(loss)
             losses.append(float(loss.detach()))
             images_all.append(images.detach().cpu())
-        grad_norm = None
-        if cfg.train.max_grad_norm is not None:
-            grad_norm = acc.clip_grad_norm_(trainer.trainable, cfg.train.max_grad_norm)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.optimizer_steps += 1
-        if trainer.ema is not None:
-            trainer.ema.step(trainer.optimizer_steps)
-        trainer._last_batch = _Samples(torch.cat(images_all))
+        grad_norm = policy.step()
         metrics: dict[str, float] = {"train/loss": sum(losses), "train/backprop_steps": float(k)}
         if grad_norm is not None:
-            metrics["train/grad_norm"] = float(grad_norm)
+            metrics["train/grad_norm"] = grad_norm
         combined = 0.0
         for name, parts in rewards.items():
             allr = acc.gather(torch.cat(parts))
             metrics[f"reward/{name}"] = float(allr.mean())
             metrics[f"reward/{name}_std"] = float(allr.std()) if len(allr) > 1 else 0.0
-            sign = 1.0 if trainer.rewards[name].higher_is_better else -1.0
+            sign = 1.0 if self.rewards[name].higher_is_better else -1.0
             combined += weights[name] * sign * float(allr.mean())
         metrics["reward/combined"] = combined
         metrics["time/iteration_s"] = time.perf_counter() - t0
-        return metrics
-
-
-@dataclass
-class _Samples:
-    """What the trainer's grid logging reads from the last iteration."""
-
-    images: torch.Tensor
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
+        return metrics, torch.cat(images_all)

@@ -4,52 +4,46 @@ Every pair of the G images of a prompt is judged by a pairwise reward (`Reward.c
 default to cancel position bias); an image's reward is its mean credit against the G-1 others, and the
 advantage is the group-normalised win rate. Groups are complete on one process (the trainer never
 splits a group), so no pair crosses processes. Pointwise rewards in `reward.rewards` are still scored
-for logging. Presets follow the official FLUX scripts (Flow-SDE "flow" step mode, eta 0.7, 25 steps,
+for logging. Presets (`diffusion_rl.presets`) follow the official FLUX scripts (Flow-SDE "flow" step mode, eta 0.7, 25 steps,
 G = 8, 60% of the steps, GRPO-Guard ratio normalisation, LoRA rank 64 / alpha 128, lr 1e-5).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from diffusion_rl.advantages import clip_advantages, group_advantages, pref_grpo_rewards
-
-if TYPE_CHECKING:
-    from diffusion_rl.trainer import RolloutBatch, Trainer
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "pref_grpo": {
-        "train": {"algorithm": "pref_grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
-                  "timestep_selection": "random", "kl_beta": 0.0, "ratio_norm": True, "max_grad_norm": 1.0,
-                  "weight_decay": 1e-4},
-        "sample": {"num_steps": 25, "guidance_scale": 3.5, "kernel": "flow_sde", "noise_level": 0.7, "group_size": 8,
-                   "share_initial_noise": True, "prompts_per_iteration": 4},
-        "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
-        "model": {"lora": True, "lora_rank": 64, "lora_alpha": 128},
-        "reward": {"both_orders": True, "win_mode": "hard"},
-    },
-}
+from diffusion_rl.config import RunConfig
+from diffusion_rl.rollout import RolloutBatch
+from diffusion_rl.sharding import CanonicalOrder
 
 
 class PrefGRPO:
+    """Group-normalised win rates under the pairwise reward `judge` (a `Reward` with `compare`)."""
+
     name = "pref_grpo"
 
-    def advantages(self, trainer: Trainer, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = trainer.cfg
-        reward = trainer.pairwise_reward
-        out = pref_grpo_rewards(reward, batch.prompts, batch.images, cfg.sample.group_size,
+    def __init__(self, cfg: RunConfig, judge: Any) -> None:
+        self.cfg, self.judge = cfg, judge
+
+    def advantages(self, batch: RolloutBatch, order: CanonicalOrder | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """This process's advantages; `order` is needed only for advantage.std_scope = 'global'."""
+        cfg = self.cfg
+        out = pref_grpo_rewards(self.judge, batch.prompts, batch.images, cfg.sample.group_size,
                                 both_orders=cfg.reward.both_orders, mode=cfg.reward.win_mode)
         win = out.win_rates.to(batch.slots.device)
         # local groups are complete, so normalising locally equals normalising the gathered batch per group
         adv = group_advantages(win, batch.slots, std_scope=cfg.advantage.std_scope,
                                unbiased=cfg.advantage.unbiased, eps=cfg.advantage.eps)
         if cfg.advantage.std_scope == "global":
-            all_win = trainer.gather_canonical(win)
-            all_ids = trainer.gather_canonical(batch.slots)
-            adv = trainer.local_part(group_advantages(all_win, all_ids, std_scope="global",
-                                                      unbiased=cfg.advantage.unbiased, eps=cfg.advantage.eps))
+            if order is None:
+                raise ValueError("advantage.std_scope='global' normalises over all processes: pass the CanonicalOrder")
+            all_win = order.gather(win)
+            all_ids = order.gather(batch.slots)
+            adv = order.local(group_advantages(all_win, all_ids, std_scope="global",
+                                               unbiased=cfg.advantage.unbiased, eps=cfg.advantage.eps))
         metrics = {"pref/win_rate_std": float(win.std()), "pref/ties": float(out.num_ties),
                    "pref/failed": float(out.num_failed)}
         if out.agreement is not None:

@@ -32,8 +32,8 @@ def build_adversarial_pool(
     """ReNO on `n_prompts` training prompts; keep the images of the given iterations with checker verdicts."""
     from tqdm.auto import tqdm
 
-    from diffusion_rl.inference.noise_to_image import mix_seed
     from diffusion_rl.inference.reno import RenoConfig, reno
+    from diffusion_rl.seeding import mix_seed
     from mmreward.errors import ConfigError
     from mmreward.synthetic import caption, evaluate_images
     from mmreward.synthetic.build.generated_pool import reward_training_specs

@@ -92,7 +92,7 @@ def run(
                               "objective": {t.name: [t.weight, t.detail] for t in objective.terms}}
 
     # -- ReNO: every (prompt, seed) optimised in one batch, with independent per-item steps and best iterates
-    from diffusion_rl.inference.noise_to_image import mix_seed
+    from diffusion_rl.seeding import mix_seed
 
     noise = generator.sample_noise([mix_seed(reno_config.seed, p, s) for p in range(len(prompts)) for s in range(seeds)])
     res = reno(generator, objective, items, reno_config, noise=noise, progress=progress)

@@ -2,13 +2,12 @@
 
 from diffusion_rl.inference.best_of_n import BestOfNResult, best_of_n, best_of_n_curve
 from diffusion_rl.inference.exploration import ExplorationResult, explore_then_optimize
-from diffusion_rl.inference.noise_to_image import EncodedPrompts, NoiseToImage
+from diffusion_rl.inference.noise_to_image import NoiseToImage
 from diffusion_rl.inference.objective import RewardObjective, RewardTerm, parse_weighted
 from diffusion_rl.inference.reno import RenoConfig, RenoResult, norm_regularizer, reno
 
 __all__ = [
     "BestOfNResult",
-    "EncodedPrompts",
     "ExplorationResult",
     "NoiseToImage",
     "RenoConfig",

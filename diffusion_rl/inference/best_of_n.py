@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from diffusion_rl.inference.noise_to_image import NoiseToImage, mix_seed
+from diffusion_rl.inference.noise_to_image import NoiseToImage
 from diffusion_rl.inference.objective import RewardObjective
+from diffusion_rl.seeding import mix_seed
 from mmreward.errors import ConfigError, RewardInputError
 
 

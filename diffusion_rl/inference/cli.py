@@ -150,7 +150,7 @@ def _check_numbers(args) -> None:
 
 
 def run(args) -> int:
-    from diffusion_rl.cli import one_line
+    from diffusion_rl.usage_errors import one_line
     from mmreward.errors import MMRewardError
 
     try:

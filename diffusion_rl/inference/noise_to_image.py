@@ -17,57 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from diffusion_rl.pipelines import DTYPES, PromptEmbeds, pipeline_family, pipeline_from_pretrained
 from mmreward.errors import DIFFUSION_EXTRA, ConfigError, RewardInputError, require_installed
-
-_FAMILIES = ("flux", "sd3", "sdxl", "sd")
-_MASK64 = (1 << 64) - 1
-
-
-def mix_seed(*parts: int) -> int:
-    """SplitMix64 of a tuple of integers: a counter-based seed, so sample (prompt p, index i) gets the same
-    noise whatever the batch size or the number of samples drawn next to it."""
-    h = 0x9E3779B97F4A7C15
-    for p in parts:
-        h = (h ^ (int(p) & _MASK64)) & _MASK64
-        h = (h + 0x9E3779B97F4A7C15) & _MASK64
-        z = h
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h = z ^ (z >> 31)
-    return h & ((1 << 63) - 1)
-
-
-def pipeline_family(pipe: Any) -> str:
-    """'flux' | 'sd3' | 'sdxl' | 'sd' from the pipeline's class hierarchy (subclasses such as ReNO-style wrappers count)."""
-    names = {c.__name__ for c in type(pipe).__mro__}
-    if "FluxPipeline" in names:
-        return "flux"
-    if "StableDiffusion3Pipeline" in names:
-        return "sd3"
-    if "StableDiffusionXLPipeline" in names:
-        return "sdxl"
-    if "StableDiffusionPipeline" in names:
-        return "sd"
-    raise ConfigError(
-        f"pipeline: {type(pipe).__name__} is not supported for noise optimisation; expected a FluxPipeline, "
-        "StableDiffusion3Pipeline, StableDiffusionXLPipeline or StableDiffusionPipeline (or a subclass)"
-    )
-
-
-@dataclass
-class EncodedPrompts:
-    """Prompt embeddings computed once (no grad) and passed to every pipeline call."""
-
-    prompts: list[str]
-    kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.prompts)
 
 
 class NoiseToImage:
@@ -102,7 +57,7 @@ class NoiseToImage:
         if num_inference_steps < 1:
             raise ConfigError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
         self.pipe = pipe
-        self.family = pipeline_family(pipe)
+        self.family = pipeline_family(pipe, " for noise optimisation")
         self.num_inference_steps = int(num_inference_steps)
         self.guidance_scale = float(guidance_scale)
         self.seed = int(seed)
@@ -132,11 +87,14 @@ class NoiseToImage:
     ) -> NoiseToImage:
         """Load any diffusers pipeline folder or hub id (cache-first; offline needs a local copy)."""
         require_installed("diffusers", DIFFUSION_EXTRA, "NoiseToImage.from_pretrained")
-        from diffusion_rl.rollout import pipeline_from_pretrained
-
-        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ConfigError(f"dtype: expected a torch dtype name such as 'float16', got {dtype!r}")
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+            torch_dtype = DTYPES[dtype]
+        elif isinstance(dtype, torch.dtype):
+            torch_dtype = dtype
+        else:
+            raise ConfigError(f"dtype: expected a torch dtype or one of {sorted(DTYPES)}, got {dtype!r}")
         from diffusers.utils import deprecation_utils
 
         # recent diffusers renamed torch_dtype to dtype (and warn on the old name); older ones only know torch_dtype
@@ -188,7 +146,8 @@ class NoiseToImage:
         return self.family != "flux" and self.guidance_scale > 1.0
 
     @torch.no_grad()
-    def encode(self, prompts: str | Sequence[str]) -> EncodedPrompts:
+    def encode(self, prompts: str | Sequence[str]) -> PromptEmbeds:
+        """The pipeline's own prompt encoding, as the keyword arguments of its call (computed once, no grad)."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise RewardInputError(f"prompts: expected a non-empty list of strings, got {prompts!r}")
@@ -218,12 +177,12 @@ class NoiseToImage:
                 "pooled_prompt_embeds": ppe,
                 "negative_pooled_prompt_embeds": npe,
             }
-        return EncodedPrompts(prompts, {k: v for k, v in kwargs.items() if v is not None})
+        return PromptEmbeds({k: v for k, v in kwargs.items() if v is not None})
 
     # -- the map ---------------------------------------------------------------------------------
-    def __call__(self, noise: torch.Tensor, prompts: EncodedPrompts | str | Sequence[str]) -> torch.Tensor:
+    def __call__(self, noise: torch.Tensor, prompts: PromptEmbeds | str | Sequence[str]) -> torch.Tensor:
         """Images (B, 3, H, W) in [0, 1], fp32, differentiable w.r.t. `noise` when it requires grad."""
-        encoded = prompts if isinstance(prompts, EncodedPrompts) else self.encode(prompts)
+        encoded = prompts if isinstance(prompts, PromptEmbeds) else self.encode(prompts)
         expected = self.noise_shape
         if noise.ndim != 4 or tuple(noise.shape[1:]) != expected:
             raise RewardInputError(
@@ -253,7 +212,7 @@ class NoiseToImage:
             latents=latents,
             output_type="pt",
             return_dict=False,
-            **encoded.kwargs,
+            **encoded.tensors,
             **self.call_kwargs,
         )
         return out[0].float()

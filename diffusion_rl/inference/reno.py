@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from diffusion_rl.inference.noise_to_image import NoiseToImage, mix_seed
+from diffusion_rl.inference.noise_to_image import NoiseToImage
 from diffusion_rl.inference.objective import RewardObjective
+from diffusion_rl.seeding import mix_seed
 from mmreward.errors import ConfigError, RewardInputError
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,112 @@
+"""The trained denoiser: LoRA or full weights, the optimizer, the EMA and the frozen reference.
+
+Both update rules (the PPO update in `diffusion_rl.trainer`, reward backpropagation in
+`diffusion_rl.algorithms.draft`) end in the same `Policy.step`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffusion_rl.config import RunConfig
+from diffusion_rl.ema import EMA
+from diffusion_rl.kernels import Kernel
+from diffusion_rl.pipelines import DEFAULT_LORA_TARGETS, PipelineAdapter, PromptEmbeds, Schedule
+from diffusion_rl.rollout import step_log_prob
+from mmreward.errors import ConfigError
+
+
+class Policy:
+    """`model` is the accelerate-wrapped denoiser; `trainable` its trained parameters (fp32 even when the frozen
+    weights are half precision, so optimiser state and updates keep full precision); `steps` counts updates."""
+
+    def __init__(self, cfg: RunConfig, adapter: PipelineAdapter, accelerator: Any) -> None:
+        self.accelerator = accelerator
+        model = adapter.denoiser
+        self.ref_model = None
+        if cfg.train.kl_beta > 0 and cfg.train.kl_reference == "copy":
+            self.ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+        if cfg.model.gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        if cfg.model.lora:
+            from mmreward.errors import DIFFUSION_EXTRA, require
+
+            LoraConfig = require("peft", DIFFUSION_EXTRA, "model.lora").LoraConfig
+
+            torch.manual_seed(cfg.train.seed)  # LoRA's random init must not depend on the process or run
+            targets = cfg.model.lora_targets or DEFAULT_LORA_TARGETS[adapter.family]
+            model.requires_grad_(False)
+            model.add_adapter(LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
+                                         init_lora_weights="gaussian", target_modules=targets))
+        else:
+            model.requires_grad_(True)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError(f"no trainable parameters: model.lora_targets {cfg.model.lora_targets} matched no module")
+        for p in params:
+            p.data = p.data.float()
+        self.trainable = params
+        tc = cfg.train
+        optimizer = torch.optim.AdamW(params, lr=tc.learning_rate, betas=(tc.adam_beta1, tc.adam_beta2),
+                                      weight_decay=tc.weight_decay, eps=tc.adam_eps)
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.ema = EMA(params, tc.ema_decay, tc.ema_update_every) if tc.ema else None
+        self.max_grad_norm = tc.max_grad_norm
+        self.steps = 0
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def step(self) -> float | None:
+        """Clip, apply and clear the accumulated gradients, then update the EMA; returns the gradient norm
+        before clipping (None when clipping is off)."""
+        grad_norm = None
+        if self.max_grad_norm is not None:
+            grad_norm = float(self.accelerator.clip_grad_norm_(self.trainable, self.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        if self.ema is not None:
+            self.ema.step(self.steps)
+        return grad_norm
+
+    def averaged(self) -> contextlib.AbstractContextManager:
+        """Inside the block the model holds the EMA weights, when an EMA is kept (evaluation, export)."""
+        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
+
+    @torch.no_grad()
+    def reference_mean(self, adapter: PipelineAdapter, x: torch.Tensor, x_next: torch.Tensor, steps: torch.Tensor,
+                       schedule: Schedule, embeds: PromptEmbeds, guidance_scale: float, kernel: Kernel) -> torch.Tensor:
+        """The reference policy's transition mean (for the KL term): the frozen copy, or the LoRA model with
+        its adapters switched off."""
+        if self.ref_model is not None:
+            return step_log_prob(adapter, self.ref_model, x, x_next, steps, schedule, embeds, guidance_scale, kernel).mean
+        model = self.unwrapped
+        model.disable_adapters()
+        try:
+            return step_log_prob(adapter, model, x, x_next, steps, schedule, embeds, guidance_scale, kernel).mean
+        finally:
+            model.enable_adapters()
+
+    def export(self, path: Path, adapter: PipelineAdapter, lora: bool) -> Path:
+        """Save the trained weights for inference: LoRA in diffusers' format, or the full denoiser (EMA if kept)."""
+        model = self.unwrapped
+        with self.averaged():
+            if lora:
+                from peft.utils import get_peft_model_state_dict
+                from safetensors.torch import save_file
+
+                path.mkdir(parents=True, exist_ok=True)
+                sd = get_peft_model_state_dict(model)
+                prefix = "unet" if adapter.family in ("sd", "sdxl") else "transformer"
+                save_file({f"{prefix}.{k}": v.contiguous() for k, v in sd.items()},
+                          str(path / "pytorch_lora_weights.safetensors"))
+            else:
+                model.save_pretrained(str(path / adapter.denoiser_attr))
+        return path

@@ -1,0 +1,86 @@
+"""The papers' published defaults, one preset per method variant (`preset: flow_grpo` in a config).
+
+A preset is data: nested config sections that `diffusion_rl.config.from_dict` merges under the user's
+values. Each block names the paper and the script its numbers come from; the methods themselves live in
+`diffusion_rl.algorithms`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GRPO_PRESETS: dict[str, dict[str, Any]] = {
+    # Flow-GRPO on SD3.5-Medium (config/grpo.py: pickscore_sd3 / geneval_sd3 and base.py)
+    "flow_grpo": {
+        "train": {"algorithm": "grpo", "learning_rate": 3e-4, "clip_range": 1e-4, "timestep_fraction": 0.99,
+                  "timestep_selection": "first", "kl_beta": 0.04, "kl_mode": "flow_grpo", "kl_reference": "adapter",
+                  "num_minibatches": 2, "weight_decay": 1e-4, "max_grad_norm": 1.0, "ema": True, "ema_decay": 0.9,
+                  "ema_update_every": 8},
+        "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 4.5, "kernel": "flow_sde",
+                   "noise_level": 0.7, "group_size": 24, "prompts_per_iteration": 48},
+        "advantage": {"std_scope": "global", "unbiased": False, "eps": 1e-4, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64, "height": 512, "width": 512},
+    },
+    # Flow-GRPO-Fast without CFG (geneval_sd3_fast_nocfg): CPS on a random 3-step window in the first half
+    "flow_grpo_fast": {
+        "train": {"algorithm": "grpo", "learning_rate": 3e-4, "clip_range": 1e-5, "timestep_fraction": 1.0,
+                  "kl_beta": 0.0, "num_minibatches": 2, "ema": True},
+        "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 1.0, "kernel": "cps", "noise_level": 0.8,
+                   "sde_window": [0, 5], "sde_window_size": 3, "group_size": 24, "prompts_per_iteration": 48},
+        "advantage": {"std_scope": "global", "unbiased": False, "eps": 1e-4, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
+    },
+    # DanceGRPO on FLUX.1-dev (finetune_flux_grpo scripts): full fine-tuning, eta 0.3, 60% of the steps at random
+    "dance_grpo": {
+        "train": {"algorithm": "grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
+                  "timestep_selection": "random", "kl_beta": 0.0, "max_grad_norm": 0.01, "weight_decay": 1e-4},
+        "sample": {"num_steps": 16, "guidance_scale": 3.5, "kernel": "dance_sde", "noise_level": 0.3,
+                   "group_size": 12, "share_initial_noise": True, "prompts_per_iteration": 4},
+        "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
+        "model": {"lora": False, "height": 720, "width": 720},
+    },
+}
+
+PREF_GRPO_PRESETS: dict[str, dict[str, Any]] = {
+    "pref_grpo": {
+        "train": {"algorithm": "pref_grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
+                  "timestep_selection": "random", "kl_beta": 0.0, "ratio_norm": True, "max_grad_norm": 1.0,
+                  "weight_decay": 1e-4},
+        "sample": {"num_steps": 25, "guidance_scale": 3.5, "kernel": "flow_sde", "noise_level": 0.7, "group_size": 8,
+                   "share_initial_noise": True, "prompts_per_iteration": 4},
+        "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 64, "lora_alpha": 128},
+        "reward": {"both_orders": True, "win_mode": "hard"},
+    },
+}
+
+DDPO_PRESETS: dict[str, dict[str, Any]] = {
+    "ddpo": {
+        "train": {"algorithm": "ddpo", "learning_rate": 3e-4, "clip_range": 1e-4, "timestep_fraction": 1.0,
+                  "kl_beta": 0.0, "max_grad_norm": 1.0, "weight_decay": 1e-4, "num_minibatches": 2},
+        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0,
+                   "group_size": 1, "prompts_per_iteration": 256},
+        "advantage": {"per_prompt_tracking": True, "buffer_size": 16, "min_count": 16, "eps": 1e-6,
+                      "unbiased": False, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
+    },
+}
+
+DRAFT_PRESETS: dict[str, dict[str, Any]] = {
+    "draft": {
+        "train": {"algorithm": "draft", "backprop_steps": 1, "backprop_strategy": "fixed", "learning_rate": 1e-4,
+                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
+        "sample": {"num_steps": 50, "guidance_scale": 7.5, "kernel": "ddim", "noise_level": 0.0, "group_size": 1,
+                   "prompts_per_iteration": 8},
+        "model": {"lora": True, "lora_rank": 8, "lora_alpha": 8, "gradient_checkpointing": True},
+    },
+    "alignprop": {
+        "train": {"algorithm": "draft", "backprop_steps": 50, "backprop_strategy": "uniform", "learning_rate": 1e-3,
+                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
+        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 1,
+                   "prompts_per_iteration": 8},
+        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4, "gradient_checkpointing": True},
+    },
+}
+
+PRESETS: dict[str, dict[str, Any]] = {**GRPO_PRESETS, **PREF_GRPO_PRESETS, **DDPO_PRESETS, **DRAFT_PRESETS}

@@ -1,0 +1,47 @@
+"""The rewards a run trains on and evaluates with, loaded from `reward.*` of the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from diffusion_rl.config import RewardConfig, RunConfig
+from mmreward.errors import ConfigError, UnknownOptionError
+
+
+def load_reward(name: str, cfg: RewardConfig, device: Any) -> Any:
+    """`mmreward.load(name, **reward.options[name])`; an option the loader does not take is an error that names
+    the config key."""
+    import mmreward
+
+    options = cfg.options.get(name, {})
+    try:
+        return mmreward.load(name, device=device, **options)
+    except UnknownOptionError as exc:
+        # the registry names the reward and its options; the user also needs the config key to edit
+        raise UnknownOptionError(f"reward.options.{name}: {exc}") from None
+    except TypeError as exc:
+        if "keyword argument" not in str(exc):
+            raise
+        # a loader that does not take one of reward.options: a config error, not a crash
+        raise ConfigError(f"reward.options.{name} = {options}: {exc}; remove the option or check its "
+                          f"spelling in the reward's documentation") from None
+
+
+@dataclass
+class RunRewards:
+    train: dict[str, Any]  # name -> Reward, weighted by reward.rewards
+    eval: dict[str, Any]  # name -> Reward scored on the held-out prompts
+    pairwise: Any | None  # Pref-GRPO's judge
+
+
+def load_run_rewards(cfg: RunConfig, device: Any) -> RunRewards:
+    """Each distinct reward is loaded once, however many roles it plays."""
+    train = {name: load_reward(name, cfg.reward, device) for name in cfg.reward.rewards}
+    eval_names = cfg.reward.eval_rewards or list(cfg.reward.rewards)
+    evals = {n: train.get(n) or load_reward(n, cfg.reward, device) for n in eval_names}
+    pairwise = None
+    if cfg.train.algorithm == "pref_grpo":
+        name = cfg.reward.pairwise or next(iter(cfg.reward.rewards))
+        pairwise = train.get(name) or load_reward(name, cfg.reward, device)
+    return RunRewards(train, evals, pairwise)
