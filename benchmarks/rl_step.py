@@ -13,22 +13,17 @@ Without --pretrained a tiny SD3 pipeline is built from config (random weights, r
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
-import time
 from collections.abc import Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from benchmarks._timing import timed as _median_time
 
 
 def main(argv: Sequence[str] | None = None) -> int:

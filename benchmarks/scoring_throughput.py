@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
+from benchmarks import _timing
 
 FAMILIES = ("clipscore", "pickscore", "hpsv2", "aesthetic", "imagereward")
 
@@ -140,7 +146,7 @@ def bare_forward(reward, family: str, prompt: str, images: torch.Tensor) -> Call
         pixels = pre(images).clone()
     if family == "imagereward":
         tok = reward.tokenizer([prompt] * len(images), padding="max_length", truncation=True, max_length=35,
-                               return_tensors="pt")
+                               return_tensors="pt").to(pixels.device)
 
         def run():
             with torch.inference_mode():
@@ -148,12 +154,12 @@ def bare_forward(reward, family: str, prompt: str, images: torch.Tensor) -> Call
         return run
     bb = reward.backbone
     if hasattr(bb, "model") and hasattr(bb.model, "text_model"):
-        toks = bb.tokenizer([prompt], padding=True, truncation=True, max_length=77, return_tensors="pt")
+        toks = bb.tokenizer([prompt], padding=True, truncation=True, max_length=77, return_tensors="pt").to(pixels.device)
 
         def text():
             return bb.model.text_projection(bb.model.text_model(**toks).pooler_output)
     else:
-        toks = bb.tokenizer([prompt])
+        toks = bb.tokenizer([prompt]).to(pixels.device)
 
         def text():
             return bb.model.encode_text(toks)
@@ -168,13 +174,7 @@ def bare_forward(reward, family: str, prompt: str, images: torch.Tensor) -> Call
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up (allocations, caches, lazy kernels)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return _timing.timed(fn, repeats, reduce="min")
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

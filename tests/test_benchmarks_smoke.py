@@ -1,0 +1,71 @@
+"""benchmarks/gpu_scale.py at reduced geometry on CPU: the report has every row, consistent numbers and
+a three-point cost model per axis; the linear-fit helper matches a hand computation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import gpu_scale
+from benchmarks._timing import linear_fit_deviation
+
+
+def test_linear_fit_deviation_matches_hand_computation():
+    # y = 2x + 1 is linear: no deviation anywhere
+    assert linear_fit_deviation([1, 2, 4], [3, 5, 9]) == pytest.approx([0, 0, 0], abs=1e-12)
+    # y = x^2 at 1, 2, 4: least-squares line y = 36/7 x - 5 (by hand), so |y - fit| / y is
+    # (1 - 1/7) / 1, (37/7 - 4) / 4 and (16 - 109/7) / 16
+    dev = linear_fit_deviation([1, 2, 4], [1, 4, 16])
+    assert dev == pytest.approx([6 / 7, 9 / 28, 3 / 112], rel=1e-9)
+
+
+def test_gpu_scale_reduced_cpu_report(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    rc = gpu_scale.main(["--geometry", "reduced", "--device", "cpu", "--families", "sd3", "wan21", "hpsv2",
+                         "--batch", "2", "--steps", "2", "--repeats", "1", "--cost-sizes", "16,24,32",
+                         "--cost-steps", "1,2,4", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["dtype"] == "float32" and report["geometry"] == "reduced"
+    rows = {(r["family"], r["measure"]): r for r in report["rows"]}
+    assert set(rows) == {("sd3", "rollout_vs_sampling"), ("sd3", "xformers_vs_sdpa"), ("sd3", "train_vs_fwd_bwd"),
+                         ("wan21", "rollout_vs_sampling"), ("hpsv2", "scoring_vs_forward")}
+    assert rows["sd3", "xformers_vs_sdpa"]["status"].startswith("skipped")  # CUDA only
+    assert rows["wan21", "rollout_vs_sampling"]["status"].startswith("skipped")
+    measured = [r for r in report["rows"] if r["status"] == "ok"]
+    assert len(measured) == 3
+    for r in measured:
+        for key in ("ours_s", "base_s", "ours_peak_mb", "base_peak_mb", "ours_items_per_s", "base_items_per_s"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["family"], r["measure"], key, r[key])
+        # the ratio columns are the quotients of the absolute columns
+        assert r["time_ratio"] == pytest.approx(r["ours_s"] / r["base_s"], rel=1e-12)
+        assert r["speed_ratio"] == pytest.approx(r["base_s"] / r["ours_s"], rel=1e-12)
+        assert r["peak_ratio"] == pytest.approx(r["ours_peak_mb"] / r["base_peak_mb"], rel=1e-12)
+        assert r["ours_items_per_s"] == pytest.approx(2 / r["ours_s"], rel=1e-12)
+        assert r["base_items_per_s"] == pytest.approx(2 / r["base_s"], rel=1e-12)
+        assert r["meets_target"] == (r["ours_s"] / r["base_s"] <= r["target_max_time_ratio"])
+    cm = report["cost_model"]
+    assert cm["family"] == "sd3"
+    expected_x = {"batch": [1, 2, 4], "resolution": [16 * 16, 24 * 24, 32 * 32], "steps": [1, 2, 4]}
+    assert set(cm["axes"]) == set(expected_x)
+    for axis, points in cm["axes"].items():
+        assert [p["x"] for p in points] == expected_x[axis]
+        assert all(math.isfinite(p["time_s"]) and p["time_s"] > 0 for p in points)
+        dev = linear_fit_deviation([p["x"] for p in points], [p["time_s"] for p in points])
+        assert [p["time_dev"] for p in points] == pytest.approx(dev, rel=1e-9)
+        assert [("time" in p["nonlinear"]) for p in points] == [d > 0.15 for d in dev]
+    table = capsys.readouterr().out
+    assert "rollout_vs_sampling" in table and "cost model" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--families", "sd3", "nope"], "unknown families ['nope']"),
+    (["--geometry", "real", "--device", "cpu"], "needs a CUDA device"),
+    (["--device", "cpu", "--cost-batches", "1,2"], "three positive integers"),
+])
+def test_gpu_scale_usage_errors_are_one_line_exit_2(argv, message, capsys):
+    assert gpu_scale.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
