@@ -45,6 +45,7 @@ from diffusion_rl.rollout import (
     step_log_prob,
 )
 from mmreward.errors import CheckpointError, ConfigError
+from mmreward.prompt_sources import score_with_metadata
 
 CHECKPOINT_FORMAT = 2  # 1: one pickled trainer_state.pt; 2: safetensors + trainer_state.json
 
@@ -317,7 +318,8 @@ class Trainer:
                     store_means=cfg.train.ratio_norm,
                 ))
         traj = Trajectory.cat(parts)
-        rewards = {name: r.score(prompts, traj.images).scores.float().to(acc.device) for name, r in self.rewards.items()}
+        rewards = {name: score_with_metadata(r, prompts, traj.images, self.train_prompts).scores.float().to(acc.device)
+                   for name, r in self.rewards.items()}
         self._local_keys = self._keys(slots, sample_ids).to(acc.device)
         self._all_keys = acc.gather(self._local_keys)
         train_steps = self.select_train_steps(it, traj.sde_mask, slots, sample_ids)
@@ -475,7 +477,7 @@ class Trainer:
                                    guidance_scale=cfg.sample.eval_guidance_scale or cfg.sample.guidance_scale,
                                    kernel=self.kernel.deterministic(), seed=cfg.train.seed, epoch=EVAL_EPOCH, model=model)
                 for name, r in self.eval_rewards.items():
-                    res = r.score(prompts, traj.images)
+                    res = score_with_metadata(r, prompts, traj.images, self.eval_prompts)
                     scores[name] += res.scores.float().cpu().tolist()
                     for key, val in res.details.items():  # e.g. ShapesEval's strict and partial accuracies
                         if val.ndim == 1 and len(val) == len(prompts):
