@@ -22,6 +22,9 @@ import yaml
 from diffusion_rl.presets import PRESETS
 from mmreward.errors import ConfigError
 
+if typing.TYPE_CHECKING:
+    from mmreward.prompt_sources import PromptList
+
 
 def _f(default, help: str, **kw):
     if isinstance(default, (list, dict)):
@@ -300,24 +303,26 @@ class TrainConfig:
 
 @dataclass
 class PromptsConfig:
-    train: list[str] | str = _f(["a red square", "a blue circle"], "training prompts: a list, or a text file with one per line")
-    eval: list[str] | str | None = _f(None, "held-out prompts: a list or a file (None: no evaluation)")
+    train: list[str | dict[str, Any]] | str | dict[str, Any] = _f(
+        ["a red square", "a blue circle"],
+        "training prompts: a list, a text file (one per line), a .jsonl of {prompt, <metadata>} rows (GenEval's "
+        "evaluation_metadata.jsonl), a datasets save_to_disk folder, hf:org/name[:split] or "
+        "{dataset, split, column} (see mmreward.prompt_sources)",
+    )
+    eval: list[str | dict[str, Any]] | str | dict[str, Any] | None = _f(
+        None, "held-out prompts: any source prompts.train accepts (None: no evaluation)"
+    )
     eval_samples_per_prompt: int = _f(1, "evaluation images per held-out prompt")
 
     def __post_init__(self) -> None:
         _validate_types(self, "prompts")
         _positive("prompts.eval_samples_per_prompt", self.eval_samples_per_prompt)
 
-    def load(self, which: str) -> list[str]:
-        value = getattr(self, which)
-        if value is None:
-            return []
-        if isinstance(value, str):
-            path = Path(value)
-            if not path.is_file():
-                raise ConfigError(f"prompts.{which}: {value!r} is not a file; pass a list of prompts or a text file")
-            return [line.strip() for line in path.read_text().splitlines() if line.strip()]
-        return list(value)
+    def load(self, which: str) -> PromptList:
+        """The prompts of `which` ("train" or "eval"), a list that also carries each prompt's metadata."""
+        from mmreward.prompt_sources import load_prompts  # imports torch: not at config-parsing time
+
+        return load_prompts(getattr(self, which), f"prompts.{which}")
 
 
 @dataclass

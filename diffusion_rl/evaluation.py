@@ -14,8 +14,10 @@ from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import rollout
+from mmreward.prompt_sources import score_with_metadata
 
 EVAL_EPOCH = 1_000_003  # the noise counter of evaluation samples: fixed, so every evaluation sees the same x_T
+
 
 
 @torch.no_grad()
@@ -43,7 +45,7 @@ def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: K
                                guidance_scale=cfg.sample.eval_guidance_scale or cfg.sample.guidance_scale,
                                kernel=kernel.deterministic(), seed=cfg.train.seed, epoch=EVAL_EPOCH, model=model)
             for name, r in rewards.items():
-                res = r.score(texts, traj.images)
+                res = score_with_metadata(r, texts, traj.images, prompts)
                 scores[name] += res.scores.float().cpu().tolist()
                 for key, val in res.details.items():  # e.g. ShapesEval's strict and partial accuracies
                     if val.ndim == 1 and len(val) == len(texts):

@@ -37,6 +37,7 @@ from diffusion_rl.probe import Probe
 from diffusion_rl.rewards import load_run_rewards
 from diffusion_rl.rollout import RolloutBatch, Trajectory, rollout, step_log_prob
 from mmreward.errors import ConfigError
+from mmreward.prompt_sources import score_with_metadata
 
 
 class Trainer:
@@ -114,11 +115,9 @@ class Trainer:
                 parts.append(rollout(
                     self.adapter, embeds.index(sl), slots[sl], sample_ids[sl], num_steps=cfg.sample.num_steps,
                     guidance_scale=cfg.sample.guidance_scale, kernel=self.kernel, sde_steps=sde, seed=cfg.train.seed,
-                    epoch=it, share_initial_noise=cfg.sample.share_initial_noise, model=model,
-                    store_means=cfg.train.ratio_norm,
-                ))
+                    epoch=it, share_initial_noise=cfg.sample.share_initial_noise, model=model, store_means=cfg.train.ratio_norm))
         traj = Trajectory.cat(parts)
-        rewards = {name: r.score(prompts, traj.images).scores.float().to(acc.device)
+        rewards = {name: score_with_metadata(r, prompts, traj.images, self.train_prompts).scores.float().to(acc.device)
                    for name, r in self.rewards.train.items()}
         order = sharding.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
         train_steps = sharding.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)

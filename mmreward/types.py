@@ -8,7 +8,7 @@ does the checking, device placement, micro-batching, inference mode and NaN poli
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -152,6 +152,9 @@ class Reward(torch.nn.Module):
     differentiable: ClassVar[bool] = False
     requires_prompt: ClassVar[bool] = True
     may_return_nan: ClassVar[bool] = False
+    # True when `_score` takes `metadata=`: one dict per item saying what its prompt asks for (a GenEval
+    # metadata row), so the reward need not parse that back out of the prompt text.
+    accepts_metadata: ClassVar[bool] = False
     # True when `compare` already controls position bias (asks both orders itself): group win rates then
     # ask each pair once instead of paying for the swap twice. A subclass may make it a property.
     compare_debiased: bool = False
@@ -215,14 +218,23 @@ class Reward(torch.nn.Module):
         return [t.to(dtype) for t in batch]
 
     def score(
-        self, prompts: Prompts, media: Any, *, value_range: tuple[float, float] | None = None
+        self,
+        prompts: Prompts,
+        media: Any,
+        *,
+        value_range: tuple[float, float] | None = None,
+        metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> RewardOutput:
-        """Score a batch. `media`: paths, PIL images, numpy arrays or tensors (see `mmreward.media`)."""
+        """Score a batch. `media`: paths, PIL images, numpy arrays or tensors (see `mmreward.media`).
+
+        `metadata`: one dict per item for rewards with `accepts_metadata` (see
+        `mmreward.prompt_sources.score_with_metadata`, which passes it only to those)."""
         batch = self.prepare(media, value_range)
         n = len(batch)
         if n == 0:
             raise RewardInputError("media: got an empty batch; pass at least one image or video")
         prompt_list = normalize_prompts(prompts, n, required=self.requires_prompt)
+        meta_list = self._check_metadata(metadata, n)
         wants_grad = media_io.requires_grad(batch)
         if wants_grad and not self.differentiable:
             raise RewardInputError(
@@ -233,7 +245,10 @@ class Reward(torch.nn.Module):
             parts = []
             for start in range(0, n, self.micro_batch_size):
                 stop = min(start + self.micro_batch_size, n)
-                part = self._score(prompt_list[start:stop], batch[start:stop])
+                if meta_list is None:
+                    part = self._score(prompt_list[start:stop], batch[start:stop])
+                else:
+                    part = self._score(prompt_list[start:stop], batch[start:stop], metadata=meta_list[start:stop])
                 self._check_output(part, stop - start)
                 parts.append(part)
             out = RewardOutput.concat(parts) if len(parts) > 1 else parts[0]
@@ -270,6 +285,23 @@ class Reward(torch.nn.Module):
         return self.score(prompts, media).scores
 
     # -- checks -------------------------------------------------------------------------------
+    def _check_metadata(self, metadata: Sequence[Mapping[str, Any]] | None, n: int) -> list[dict[str, Any]] | None:
+        if metadata is None:
+            return None
+        if not self.accepts_metadata:
+            raise RewardInputError(
+                f"metadata: reward '{self.name}' does not read per-prompt metadata (accepts_metadata is False); "
+                "drop it, or call mmreward.prompt_sources.score_with_metadata, which passes it only where it is read"
+            )
+        if isinstance(metadata, (str, Mapping)) or not isinstance(metadata, Sequence):
+            raise RewardInputError(f"metadata: expected a list with one dict per item, got {type(metadata).__name__}")
+        if len(metadata) != n:
+            raise RewardInputError(f"metadata: got {len(metadata)} dicts for {n} media items; pass one per item")
+        bad = [i for i, m in enumerate(metadata) if not isinstance(m, Mapping)]
+        if bad:
+            raise RewardInputError(f"metadata: expected dicts, got {type(metadata[bad[0]]).__name__} at index {bad[0]}")
+        return [dict(m) for m in metadata]
+
     def _check_output(self, out: RewardOutput, n: int) -> None:
         if not isinstance(out, RewardOutput):
             raise TypeError(f"{type(self).__name__}._score must return RewardOutput, got {type(out).__name__}")

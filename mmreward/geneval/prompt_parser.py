@@ -11,7 +11,9 @@ detections use one name per class.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mmreward.errors import RewardInputError
 
@@ -97,10 +99,70 @@ def parse_prompt(prompt: str) -> CompositionSpec:
     if len(parts) > 2:
         raise RewardInputError(f"prompts: GenEval prompts name at most two object groups, got {len(parts)} in {prompt!r}")
     objects = tuple(_parse_np(p, prompt) for p in parts)
+    return CompositionSpec(_tag_of(objects), objects)
+
+
+TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+
+
+def _metadata_object(item: Any, where: str) -> ObjectClause:
+    if not isinstance(item, Mapping) or not isinstance(item.get("class"), str) or not item["class"].strip():
+        raise RewardInputError(f"{where}: expected {{'class': str, 'count': int, ...}}, got {item!r}")
+    count = item.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise RewardInputError(f"{where}: 'count' must be a whole number >= 0, got {count!r}")
+    color = item.get("color")
+    if color is not None and color not in COLORS:
+        raise RewardInputError(f"{where}: 'color' must be one of {COLORS}, got {color!r}")
+    return ObjectClause(item["class"].strip(), count, color)
+
+
+def spec_from_metadata(meta: Mapping[str, Any]) -> CompositionSpec:
+    """The clauses of a GenEval `evaluation_metadata.jsonl` row, read from its fields instead of its prompt.
+
+    Row: {"tag", "include": [{"class", "count", "color"?, "position"?: [relation, target index]}],
+    "exclude"?: [...]}. GenEval writes a position clause on the *second* include ("a dog right of a
+    teddy bear" is include [teddy bear, dog with ["right of", 0]]); the spec puts the object that holds
+    the relation first, as `parse_prompt` does. Exclude clauses are GenEval's counting form only
+    (count + 1 of the same class), which `evaluate` adds itself for counting rows.
+    """
+    where = f"metadata {dict(meta)!r}"[:200]
+    include = meta.get("include")
+    if not isinstance(include, Sequence) or isinstance(include, str) or not 1 <= len(include) <= 2:
+        raise RewardInputError(f"{where}: 'include' must list one or two objects (GenEval's rows), got {include!r}")
+    objects = [_metadata_object(item, f"{where}: include[{i}]") for i, item in enumerate(include)]
+    positioned = [i for i, item in enumerate(include) if item.get("position") is not None]
+    relation = None
+    if positioned:
+        i = positioned[0]
+        pos = include[i]["position"]
+        if (len(positioned) > 1 or len(objects) != 2 or not isinstance(pos, Sequence) or len(pos) != 2
+                or pos[0] not in RELATIONS or pos[1] != 1 - i):
+            raise RewardInputError(
+                f"{where}: 'position' must be [relation, index of the other object] on one of two objects, "
+                f"with relation in {RELATIONS}; got {pos!r}"
+            )
+        relation = pos[0]
+        objects = [objects[i], objects[1 - i]]
+    tag = meta.get("tag")
+    if tag is None:
+        tag = "position" if relation else _tag_of(objects)
+    if tag not in TAGS:
+        raise RewardInputError(f"{where}: 'tag' must be one of {TAGS}, got {tag!r}")
+    for j, item in enumerate(meta.get("exclude") or []):
+        ex = _metadata_object(item, f"{where}: exclude[{j}]")
+        if tag != "counting" or not any(o.name == ex.name and o.count + 1 == ex.count for o in objects):
+            raise RewardInputError(
+                f"{where}: exclude[{j}] is supported only in GenEval's counting form (the included class "
+                "with count + 1, on a 'counting' row)"
+            )
+    return CompositionSpec(tag, tuple(objects), relation)
+
+
+def _tag_of(objects: Sequence[ObjectClause]) -> str:
+    """GenEval's tag for objects without a relation, as `parse_prompt` assigns it."""
     if len(objects) == 2:
-        tag = "color_attr" if all(o.color for o in objects) else "two_object"
-    elif objects[0].count != 1:
-        tag = "counting"
-    else:
-        tag = "colors" if objects[0].color else "single_object"
-    return CompositionSpec(tag, objects)
+        return "color_attr" if all(o.color for o in objects) else "two_object"
+    if objects[0].count != 1:
+        return "counting"
+    return "colors" if objects[0].color else "single_object"

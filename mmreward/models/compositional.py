@@ -1,6 +1,7 @@
 """Compositional (GenEval-style) reward: does the image contain the objects, counts, colours and positions the prompt asks for?
 
-Prompts are parsed into clauses (GenEval's templates, `mmreward.geneval.prompt_parser`), a pluggable
+Prompts are parsed into clauses (GenEval's templates, `mmreward.geneval.prompt_parser`), or read from
+GenEval metadata rows passed as `score(..., metadata=)` (`{"tag", "include": [...]}`), a pluggable
 detector finds the named objects, and GenEval's rules decide each clause (`mmreward.geneval.evaluate`).
 score="strict" gives 1 when every clause holds (GenEval's accuracy, Flow-GRPO's GenEval reward);
 score="partial" averages per-clause credit for a denser signal. Both are always in `details`.
@@ -28,6 +29,7 @@ OWLV2_CHECKPOINT = "google/owlv2-base-patch16-ensemble"
 class CompositionalReward(Reward):
     name = "geneval"
     requires_prompt = True
+    accepts_metadata = True  # a GenEval metadata row states the clauses; the prompt is then not parsed
 
     def __init__(
         self,
@@ -55,12 +57,17 @@ class CompositionalReward(Reward):
         if isinstance(detector, torch.nn.Module):
             self.detector_module = detector
 
-    def evaluate(self, prompts: list[str], media):
+    def evaluate(self, prompts: list[str], media, metadata: list[dict] | None = None):
         from mmreward.geneval.colors import box_color
         from mmreward.geneval.evaluate import evaluate
-        from mmreward.geneval.prompt_parser import parse_prompt
+        from mmreward.geneval.prompt_parser import parse_prompt, spec_from_metadata
 
-        specs = [parse_prompt(p) for p in prompts]  # parse first: a bad prompt fails before detection
+        # specs first: a bad prompt or metadata row fails before detection
+        if metadata is None:
+            specs = [parse_prompt(p) for p in prompts]
+        else:
+            specs = [spec_from_metadata(m) if m.get("include") is not None else parse_prompt(p)
+                     for p, m in zip(prompts, metadata)]
         names = [list(dict.fromkeys(o.name for o in s.objects)) for s in specs]
         detections = self.detector.detect(media, names)
         results = []
@@ -69,8 +76,8 @@ class CompositionalReward(Reward):
             results.append(evaluate(spec, dets, color_of=color_of, thresholds=self.thresholds))
         return results
 
-    def _score(self, prompts, media):
-        results = self.evaluate(prompts, media)
+    def _score(self, prompts, media, metadata: list[dict] | None = None):
+        results = self.evaluate(prompts, media, metadata)
         strict = torch.tensor([float(r.strict) for r in results])
         partial = torch.tensor([r.partial for r in results], dtype=torch.float32)
         return RewardOutput(

@@ -1,11 +1,12 @@
 """Pairwise preference reward models trained with the Bradley-Terry loss, on accelerate.
 
-Data: JSONL rows (or a `datasets.save_to_disk` folder with the same columns)
+Data: JSONL rows, a `datasets` save_to_disk folder or "hf:org/name[:split]" with the same columns
 
     {"prompt": "...", "image_a": "a.png", "image_b": "b.png", "label": 1}
 
 label 1 means a is preferred, 0 means b, 0.5 a tie (a soft target, as PickScore treats ties); the
-aliases chosen/rejected (label 1) are accepted. Relative paths are read from the JSONL's folder.
+aliases chosen/rejected (label 1) and Pick-a-Pic's caption/jpg_0/jpg_1/label_0 are accepted. Images
+are paths (relative ones read from the JSONL's folder), image bytes or `datasets.Image()` values.
 
 Model: a CLIP backbone (any CLIP-based registered reward, e.g. 'clipscore') gives normalised image
 and text embeddings; the reward is
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from mmreward.errors import ConfigError, RewardInputError
+from mmreward.hf_datasets import HUB_PREFIX, decode_image, is_dataset_folder, load_rows, parse_source
 from mmreward.types import Reward, RewardOutput
 
 HEADS = ("linear", "mlp", "clip")
@@ -40,7 +43,7 @@ HEADS = ("linear", "mlp", "clip")
 
 @dataclass
 class PrefTrainConfig:
-    data: str  # JSONL file or datasets folder of preference pairs
+    data: str  # JSONL file, datasets save_to_disk folder or hf:org/name[:split] of preference pairs
     out: str  # output folder (written with mmreward.json)
     backbone: str = "clipscore"  # a CLIP-based registered reward providing the embeddings
     backbone_checkpoint: str | None = None
@@ -61,22 +64,51 @@ class PrefTrainConfig:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.lr <= 0 or self.epochs < 1 or self.batch_size < 1:
             raise ConfigError("lr must be > 0, epochs and batch_size >= 1")
-        if not Path(self.data).exists():
-            raise ConfigError(f"data: {self.data} does not exist; pass a .jsonl file or a datasets folder")
+        if not self.data.startswith(HUB_PREFIX) and not Path(self.data).exists():
+            raise ConfigError(f"data: {self.data} does not exist; pass a .jsonl file, a datasets save_to_disk "
+                              f"folder or {HUB_PREFIX}org/name[:split]")
 
 
 # ----------------------------------------------------------------------------------------------
 # data
 # ----------------------------------------------------------------------------------------------
-def read_pairs(path: str | Path) -> list[dict]:
-    """Rows with keys prompt, image_a, image_b (paths) and label in {0, 0.5, 1}."""
-    path = Path(path)
-    if path.is_dir():
-        from datasets import load_from_disk
+# (prompt keys, image a, image b, label of a) per accepted row layout; chosen/rejected implies label 1
+LAYOUTS = (
+    ("chosen", "rejected", None),
+    ("image_a", "image_b", "label"),
+    ("jpg_0", "jpg_1", "label_0"),  # Pick-a-Pic: label_0 = P(image 0 preferred), 0.5 for ties
+)
+PROMPT_KEYS = ("prompt", "caption")
+EXPECTED = ("{prompt, image_a, image_b, label}, {prompt, chosen, rejected} or Pick-a-Pic's "
+            "{caption, jpg_0, jpg_1, label_0}")
 
-        rows, root = [dict(r) for r in load_from_disk(str(path))], path
-    else:
-        root = path.parent
+
+def _layout(keys, where: str) -> tuple[str, str, str | None]:
+    for a, b, y in LAYOUTS:
+        if a in keys and b in keys and (y is None or y in keys):
+            return a, b, y
+    raise RewardInputError(f"{where} has the columns {sorted(keys)}; expected {EXPECTED}")
+
+
+def _image_ref(value: Any, root: Path | None, where: str) -> Any:
+    """A path (made absolute against `root`) or an in-memory image value, decoded per batch by `_decode`."""
+    from PIL import Image
+
+    if isinstance(value, (str, Path)):
+        return decode_image(value, root, where)
+    if isinstance(value, (bytes, bytearray, Image.Image)):
+        return value
+    if isinstance(value, Mapping) and (value.get("bytes") or value.get("path")):
+        return value if value.get("bytes") else decode_image(value["path"], root, where)
+    raise RewardInputError(f"{where}: expected an image path, image bytes or a datasets Image() value, "
+                           f"got {type(value).__name__}")
+
+
+def _rows(data: str) -> tuple[Any, Path | None, str]:
+    """(rows, folder that relative paths are read from, name for errors) of a JSONL file or a dataset."""
+    source = parse_source(data, "data")
+    if source is None:
+        path = Path(data)
         rows = []
         for i, line in enumerate(path.read_text().splitlines()):
             if line.strip():
@@ -84,22 +116,44 @@ def read_pairs(path: str | Path) -> list[dict]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
                     raise RewardInputError(f"{path}:{i + 1} is not valid JSON: {exc}") from exc
+        return rows, path.parent, str(path)
+    rows = load_rows(source, "data")  # first: without datasets installed, this is the MissingExtraError
+    from datasets import Image
+
+    _layout(rows.column_names, source.describe())  # a bad layout fails before any image is read
+    # Image() columns would decode every image of the split now; keep the encoded bytes until a batch needs them
+    for name, feature in rows.features.items():
+        if isinstance(feature, Image) and feature.decode:
+            rows = rows.cast_column(name, Image(decode=False))
+    root = Path(source.dataset) if is_dataset_folder(source.dataset) else None
+    return rows, root, source.describe()
+
+
+def read_pairs(data: str | Path) -> list[dict]:
+    """Rows with keys prompt, image_a, image_b (paths or encoded images) and label in {0, 0.5, 1}.
+
+    `data`: a JSONL file, a `save_to_disk` folder or "hf:org/name[:split]" (see `mmreward.hf_datasets`).
+    """
+    rows, root, name = _rows(str(data))
     pairs = []
     for i, r in enumerate(rows):
-        if "chosen" in r and "rejected" in r:
-            a, b, y = r["chosen"], r["rejected"], 1.0
-        else:
-            try:
-                a, b, y = r["image_a"], r["image_b"], float(r["label"])
-            except KeyError as exc:
-                raise RewardInputError(f"row {i} of {path} lacks {exc}; expected prompt, image_a, image_b, label "
-                                       "(or chosen/rejected)") from None
+        if not isinstance(r, Mapping):
+            raise RewardInputError(f"row {i} of {name} is a {type(r).__name__}; expected an object {EXPECTED}")
+        ka, kb, ky = _layout(r.keys(), f"row {i} of {name}")
+        where = f"row {i} of {name}"
+        try:
+            y = 1.0 if ky is None else float(r[ky])
+        except (TypeError, ValueError):
+            raise RewardInputError(f"{where}: label must be 0, 0.5 or 1, got {r[ky]!r}") from None
         if y not in (0.0, 0.5, 1.0):
-            raise RewardInputError(f"row {i} of {path}: label must be 0, 0.5 or 1, got {y}")
-        pairs.append({"prompt": str(r.get("prompt", "")), "image_a": str(root / a) if not Path(a).is_absolute() else a,
-                      "image_b": str(root / b) if not Path(b).is_absolute() else b, "label": y})
+            raise RewardInputError(f"{where}: label must be 0, 0.5 or 1, got {y}")
+        prompt = next((r[k] for k in PROMPT_KEYS if r.get(k) is not None), "")
+        if not isinstance(prompt, str):
+            raise RewardInputError(f"{where}: the prompt must be a string, got {type(prompt).__name__}")
+        pairs.append({"prompt": prompt, "image_a": _image_ref(r[ka], root, f"{where}: {ka}"),
+                      "image_b": _image_ref(r[kb], root, f"{where}: {kb}"), "label": y})
     if len(pairs) < 2:
-        raise RewardInputError(f"{path} holds {len(pairs)} pairs; need at least 2")
+        raise RewardInputError(f"{name} holds {len(pairs)} pairs; need at least 2")
     return pairs
 
 
@@ -184,8 +238,10 @@ def train(cfg: PrefTrainConfig) -> dict[str, float]:
     inner = accel.unwrap_model(model)
 
     def load_batch(rows):
-        a = media_io.to_batch([r["image_a"] for r in rows], modality="image", device=accel.device)
-        b = media_io.to_batch([r["image_b"] for r in rows], modality="image", device=accel.device)
+        a = media_io.to_batch([decode_image(r["image_a"], None, "image_a") for r in rows], modality="image",
+                              device=accel.device)
+        b = media_io.to_batch([decode_image(r["image_b"], None, "image_b") for r in rows], modality="image",
+                              device=accel.device)
         y = torch.tensor([r["label"] for r in rows], device=accel.device)
         return [r["prompt"] for r in rows], a, b, y
 

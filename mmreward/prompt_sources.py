@@ -1,0 +1,149 @@
+"""Prompts with per-prompt metadata, from lists, text files, JSONL files and Hugging Face datasets.
+
+Accepted sources (`load_prompts`):
+  - a list of prompts, or of {"prompt": ..., <metadata>} dicts;
+  - a text file, one prompt per line (blank lines skipped);
+  - a .jsonl file of {"prompt": ..., <metadata>} rows, e.g. GenEval's evaluation_metadata.jsonl
+    ({"tag", "include": [{"class", "count", "color"?, "position"?}], "prompt"});
+  - a Hugging Face dataset (see `mmreward.hf_datasets`): a save_to_disk folder, "hf:org/name[:split]", or
+    {"dataset": ..., "split": ..., "column": "prompt"}; the other columns of a row are its metadata.
+
+Metadata reaches the rewards that read it (`Reward.accepts_metadata`, e.g. geneval, which then takes
+the clauses from the row instead of parsing the prompt) through `score_with_metadata`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmreward.errors import ConfigError
+from mmreward.types import Reward, RewardOutput
+
+PromptSource = str | Sequence[str | Mapping[str, Any]] | Mapping[str, Any] | None
+PROMPT_COLUMNS = ("prompt", "caption", "text")  # tried in order when a dataset source names no column
+_AMBIGUOUS = object()
+
+
+class PromptList(list):
+    """A list of prompts (usable wherever a list of strings is) that also carries one metadata dict each."""
+
+    def __init__(self, prompts: Sequence[str] = (), metadata: Sequence[Mapping[str, Any]] | None = None) -> None:
+        super().__init__(prompts)
+        meta = [dict(m) for m in metadata] if metadata is not None else [{} for _ in prompts]
+        if len(meta) != len(self):
+            raise ValueError(f"PromptList: {len(self)} prompts but {len(meta)} metadata dicts")
+        self.metadata: list[dict[str, Any]] = meta
+        self._by_text: dict[str, Any] = {}
+        for p, m in zip(self, meta):
+            seen = self._by_text.get(p, m)
+            self._by_text[p] = m if seen == m else _AMBIGUOUS
+
+    @property
+    def has_metadata(self) -> bool:
+        return any(self.metadata)
+
+    def metadata_for(self, prompts: Sequence[str]) -> list[dict[str, Any]] | None:
+        """The metadata of each prompt, looked up by text; None when this list carries none."""
+        if not self.has_metadata:
+            return None
+        out = []
+        for p in prompts:
+            m = self._by_text.get(p)
+            if m is None:
+                raise ConfigError(f"prompt {p!r} is not in this prompt list, so it has no metadata")
+            if m is _AMBIGUOUS:
+                raise ConfigError(f"prompt {p!r} appears more than once with different metadata; the trainer "
+                                  "identifies prompts by their text, so make each prompt's text unique")
+            out.append(m)
+        return out
+
+
+def _row(value: Any, where: str) -> tuple[str, dict[str, Any]]:
+    if isinstance(value, str):
+        return value, {}
+    if isinstance(value, Mapping) and isinstance(value.get("prompt"), str):
+        return value["prompt"], {k: v for k, v in value.items() if k != "prompt"}
+    raise ConfigError(f"{where}: expected a prompt string or a {{\"prompt\": str, ...}} row, got {value!r}")
+
+
+def _read_jsonl(path: Path, where: str) -> PromptList:
+    prompts, metadata = [], []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: {path}:{lineno} is not valid JSON: {exc}") from None
+        prompt, meta = _row(row, f"{where}: {path}:{lineno}")
+        prompts.append(prompt)
+        metadata.append(meta)
+    return PromptList(prompts, metadata)
+
+
+def _read_dataset(source, where: str) -> PromptList:
+    from mmreward.hf_datasets import load_rows
+
+    rows = load_rows(source, where)
+    names = list(rows.column_names)
+    column = source.column or next((c for c in PROMPT_COLUMNS if c in names), None)
+    if column not in names:
+        wanted = repr(source.column) if source.column else f"one of {list(PROMPT_COLUMNS)}"
+        raise ConfigError(f"{where}: {source.describe()} has the columns {names}, not {wanted}; "
+                          "name the prompt column with {dataset: ..., column: NAME}")
+    prompts, metadata = [], []
+    for i, row in enumerate(rows):
+        if not isinstance(row[column], str):
+            raise ConfigError(f"{where}: row {i} of {source.describe()}: column {column!r} must hold strings, "
+                              f"got {type(row[column]).__name__}")
+        prompts.append(row[column])
+        metadata.append({k: v for k, v in row.items() if k != column})
+    return PromptList(prompts, metadata)
+
+
+def load_prompts(source: PromptSource, where: str = "prompts") -> PromptList:
+    """The prompts (and metadata) `source` names; `where` prefixes every error (e.g. "prompts.train")."""
+    from mmreward.hf_datasets import parse_source
+
+    if source is None:
+        return PromptList()
+    if isinstance(source, Mapping):
+        return _read_dataset(parse_source(source, where), where)
+    if isinstance(source, str):
+        dataset = parse_source(source, where)
+        if dataset is not None:
+            return _read_dataset(dataset, where)
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(
+                f"{where}: {source!r} is not a file; pass a list of prompts, a text file (one per line), a .jsonl "
+                "file of {\"prompt\": ...} rows, a save_to_disk folder or hf:org/name[:split]"
+            )
+        if path.suffix == ".jsonl":
+            return _read_jsonl(path, where)
+        return PromptList([line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
+    if isinstance(source, Sequence):
+        rows = [_row(v, f"{where}[{i}]") for i, v in enumerate(source)]
+        return PromptList([p for p, _ in rows], [m for _, m in rows])
+    raise ConfigError(f"{where}: expected a list, a file, a dataset folder or a dataset mapping, got {source!r}")
+
+
+def score_with_metadata(
+    reward: Reward,
+    prompts: Sequence[str],
+    media: Any,
+    metadata: PromptList | Sequence[Mapping[str, Any]] | None = None,
+) -> RewardOutput:
+    """`reward.score(prompts, media)`, passing per-prompt metadata to the rewards that read it.
+
+    `metadata` is one dict per item, or the PromptList the prompts came from (looked up by text).
+    Rewards without `accepts_metadata` are scored as before, so a run can mix them freely.
+    """
+    if isinstance(metadata, PromptList):
+        metadata = metadata.metadata_for(prompts) if getattr(reward, "accepts_metadata", False) else None
+    if metadata is None or not getattr(reward, "accepts_metadata", False):
+        return reward.score(prompts, media)
+    return reward.score(prompts, media, metadata=metadata)
