@@ -95,18 +95,13 @@ class Policy:
             model.enable_adapters()
 
     def export(self, path: Path, adapter: PipelineAdapter, lora: bool) -> Path:
-        """Save the trained weights for inference: LoRA in diffusers' format, or the full denoiser (EMA if kept)."""
+        """Save the trained model (the EMA weights, if kept) for inference in diffusers: the LoRA adapter with
+        its alpha and targets (`pipe.load_lora_weights(path)`), or the whole pipeline with the trained denoiser
+        (`DiffusionPipeline.from_pretrained(path)`); see `diffusion_rl.export`."""
+        from diffusion_rl.export import export_lora, export_pipeline
+
         model = self.unwrapped
         with self.averaged():
             if lora:
-                from peft.utils import get_peft_model_state_dict
-                from safetensors.torch import save_file
-
-                path.mkdir(parents=True, exist_ok=True)
-                sd = get_peft_model_state_dict(model)
-                prefix = "unet" if adapter.family in ("sd", "sdxl") else "transformer"
-                save_file({f"{prefix}.{k}": v.contiguous() for k, v in sd.items()},
-                          str(path / "pytorch_lora_weights.safetensors"))
-            else:
-                model.save_pretrained(str(path / adapter.denoiser_attr))
-        return path
+                return export_lora(adapter.pipeline, model, adapter.denoiser_attr, adapter.family, path)
+            return export_pipeline(adapter.pipeline, model, adapter.denoiser_attr, path)

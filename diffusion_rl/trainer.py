@@ -285,7 +285,8 @@ class Trainer:
         self.history = list(state["history"])
 
     def export(self, path: str | Path | None = None) -> Path:
-        """Save the trained weights for inference: LoRA in diffusers' format, or the full denoiser (EMA if kept)."""
+        """Save the trained model for inference to `path` (default final/): a LoRA folder for
+        `pipe.load_lora_weights`, or a full pipeline folder for `DiffusionPipeline.from_pretrained`."""
         path = Path(path or self.out_dir / "final")
         if self.accelerator.is_main_process:
             self.policy.export(path, self.adapter, self.cfg.model.lora)

@@ -29,7 +29,7 @@ def clip_tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_pipeline_dir(tmp_path_factory):
-    """Factory: tiny_pipeline_dir("sd" | "sd3" | "flux") -> folder of a tiny pipeline saved in diffusers format.
+    """Factory: tiny_pipeline_dir("sd" | "sdxl" | "sd3" | "flux") -> folder of a tiny pipeline saved in diffusers format.
 
     Built once per session and kind; treat the folder as read-only.
     """

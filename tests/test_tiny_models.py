@@ -20,11 +20,11 @@ def test_clip_tokenizer_matches_open_clip(clip_tokenizer_dir):
         assert int(ref_ids[i][len(ids):].abs().sum()) == 0  # open_clip pads with 0 after the end token
 
 
-@pytest.mark.parametrize("kind", ["sd", "sd3", "flux"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "sd3", "flux"])
 def test_tiny_pipeline_round_trip(kind, tiny_pipeline_dir):
     from diffusers import DiffusionPipeline
 
-    expected = {"sd": "StableDiffusionPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline"}[kind]
+    expected = {"sd": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline"}[kind]
     pipe = DiffusionPipeline.from_pretrained(str(tiny_pipeline_dir(kind)))
     assert type(pipe).__name__ == expected
     gen = torch.Generator().manual_seed(0)

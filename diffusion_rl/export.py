@@ -1,0 +1,103 @@
+"""Trained weights in the formats diffusers loads: what `final/` of a run holds.
+
+- LoRA: `pytorch_lora_weights.safetensors` written by the pipeline class's own `save_lora_weights`, with the
+  adapter's peft config (`r`, `lora_alpha`, `target_modules`, ...) in the safetensors header, so
+  `pipe.load_lora_weights(final)` rebuilds the adapter with the trained scaling `lora_alpha / r`. Without that
+  header diffusers assumes `lora_alpha = r`, which scales the trained update by `r / lora_alpha`.
+- Full fine-tune: the whole pipeline (`model_index.json` and every component, safetensors) with the trained
+  denoiser in place, so `DiffusionPipeline.from_pretrained(final)` is the trained model.
+
+Both are written into a hidden temporary folder that is renamed into place once complete, so a run killed
+mid-export never leaves a half-written `final/` (an earlier complete export stays until the new one is done).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmreward.errors import CheckpointError, ConfigError
+
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the name `load_lora_weights(folder)` looks for
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to write into; on success it replaces `path` (a rename), on error it
+    is removed and `path` is left as it was."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"export: {path} exists and is not a folder; remove it or export elsewhere")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    old = path.parent / f".{path.name}.old-{os.getpid()}"
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def lora_layers_and_metadata(model: torch.nn.Module, family: str,
+                             adapter_name: str = "default") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The adapter's weights as diffusers' training scripts hand them to `save_lora_weights` (UNet weights
+    converted to diffusers' key names, transformer weights in peft's), and its peft config as metadata."""
+    from peft.utils import get_peft_model_state_dict
+
+    configs = getattr(model, "peft_config", None) or {}
+    if adapter_name not in configs:
+        raise ConfigError(f"export: the denoiser has no LoRA adapter named {adapter_name!r} (adapters: "
+                          f"{sorted(configs)}); export a LoRA run, or a full fine-tune with model.lora=false")
+    layers = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    if family in ("sd", "sdxl"):
+        from diffusers.utils import convert_state_dict_to_diffusers
+
+        layers = convert_state_dict_to_diffusers(layers)
+    # the values are the parameters themselves (holding the EMA weights inside `Policy.averaged`), saved before
+    # the block ends; safetensors wants them contiguous and on the CPU
+    layers = {k: v.detach().cpu().contiguous() for k, v in layers.items()}
+    return layers, configs[adapter_name].to_dict()
+
+
+def export_lora(pipeline: Any, model: torch.nn.Module, denoiser_attr: str, family: str, path: str | Path) -> Path:
+    """Write the denoiser's LoRA adapter to `path` with the pipeline class's `save_lora_weights`, alpha and
+    target modules included; `pipe.load_lora_weights(path)` on the base pipeline restores the trained model."""
+    layers, metadata = lora_layers_and_metadata(model, family)
+    save = type(pipeline).save_lora_weights
+    path = Path(path)
+    with atomic_folder(path) as tmp:
+        save(str(tmp), **{f"{denoiser_attr}_lora_layers": layers,
+                          f"{denoiser_attr}_lora_adapter_metadata": metadata},
+             weight_name=LORA_WEIGHT_NAME, safe_serialization=True)
+    return path
+
+
+def export_pipeline(pipeline: Any, model: torch.nn.Module, denoiser_attr: str, path: str | Path) -> Path:
+    """Write the whole pipeline with `model` as its denoiser (safetensors, diffusers' folder layout), so that
+    `DiffusionPipeline.from_pretrained(path)` loads the trained model. Components keep their dtypes: the
+    denoiser is saved in its training precision (fp32 master weights); pass `torch_dtype` when loading."""
+    original = getattr(pipeline, denoiser_attr)
+    path = Path(path)
+    with atomic_folder(path) as tmp:
+        # the pipeline may hold the module the accelerator wrapped, or a different object under DDP: save the
+        # trained one, then put back whatever was there
+        setattr(pipeline, denoiser_attr, model)
+        try:
+            pipeline.save_pretrained(str(tmp), safe_serialization=True)
+        finally:
+            setattr(pipeline, denoiser_attr, original)
+    return path
