@@ -459,15 +459,22 @@ def pipeline_from_pretrained(source: str, what: str = "model.pretrained", **kwar
                               "pipeline folder, or a hub id that is in the local cache when offline") from exc
 
 
-def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """A diffusers pipeline from a local folder or hub id (official layout), frozen, on `device`."""
+def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                  attention: str = "auto"):
+    """A diffusers pipeline from a local folder or hub id (official layout), frozen, on `device`, with every
+    attention module running the `attention` choice (see `mmreward.attention`)."""
+    from mmreward.attention import apply_to_pipeline, check_choice
+
+    check_choice(attention, "model.attention")  # before the (slow) load
     pipe = pipeline_from_pretrained(pretrained, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer"):
         module = getattr(pipe, name, None)
         if isinstance(module, torch.nn.Module):
             module.requires_grad_(False)
-    return pipe.to(device)
+    pipe = pipe.to(device)
+    apply_to_pipeline(pipe, attention)
+    return pipe
 
 
 # ----------------------------------------------------------------------------------------------

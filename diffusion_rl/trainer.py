@@ -44,6 +44,7 @@ from diffusion_rl.rollout import (
     rollout,
     step_log_prob,
 )
+from mmreward.attention import apply_to_pipeline
 from mmreward.errors import CheckpointError, ConfigError
 
 CHECKPOINT_FORMAT = 2  # 1: one pickled trainer_state.pt; 2: safetensors + trainer_state.json
@@ -147,7 +148,10 @@ class Trainer:
         if pipeline is None:
             if not cfg.model.pretrained.strip():
                 raise ConfigError("model.pretrained is empty: set it to a diffusers pipeline folder or hub id")
-            pipeline = load_pipeline(cfg.model.pretrained, getattr(torch, cfg.model.dtype), acc.device)
+            pipeline = load_pipeline(cfg.model.pretrained, getattr(torch, cfg.model.dtype), acc.device,
+                                     attention=cfg.model.attention)
+        else:  # a pipeline passed in runs the configured attention too
+            apply_to_pipeline(pipeline, cfg.model.attention)
         pipeline.set_progress_bar_config(disable=True)
         self.pipeline = pipeline
         self.adapter = make_adapter(pipeline, cfg.model.height, cfg.model.width, cfg.model.max_sequence_length)
@@ -210,9 +214,11 @@ class Trainer:
     def _load_reward(self, name: str):
         import mmreward
 
+        # one attention choice for the run: the rewards follow model.attention unless their options say otherwise
         options = self.cfg.reward.options.get(name, {})
         try:
-            return mmreward.load(name, device=self.accelerator.device, **options)
+            return mmreward.load(name, device=self.accelerator.device,
+                                 **{"attention": self.cfg.model.attention, **options})
         except TypeError as exc:
             from mmreward.errors import UnknownOptionError
 

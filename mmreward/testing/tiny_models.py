@@ -15,7 +15,7 @@ import torch
 from mmreward.tokenizers import CLIP_VOCAB_SIZE, build_clip_tokenizer
 from mmreward.tokenizers import build_bert_tokenizer as build_bert_tokenizer  # tests' historical import path
 
-PipelineKind = Literal["sd", "sd3", "flux"]
+PipelineKind = Literal["sd", "sdxl", "sd3", "flux"]
 
 
 def _seeded(seed: int):
@@ -135,7 +135,8 @@ def _tiny_t5(d_model: int):
 
 
 def build_tiny_pipeline(kind: PipelineKind, tokenizer_dir: str | os.PathLike, seed: int = 0):
-    """A tiny StableDiffusionPipeline ("sd": UNet + DDIM), StableDiffusion3Pipeline ("sd3") or FluxPipeline ("flux")."""
+    """A tiny StableDiffusionPipeline ("sd": UNet + DDIM), StableDiffusionXLPipeline ("sdxl": Turbo-style Euler),
+    StableDiffusion3Pipeline ("sd3") or FluxPipeline ("flux")."""
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
     tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir))
@@ -169,6 +170,32 @@ def build_tiny_pipeline(kind: PipelineKind, tokenizer_dir: str | os.PathLike, se
             feature_extractor=None,
             image_encoder=None,
             requires_safety_checker=False,
+        )
+    if kind == "sdxl":
+        from diffusers import (
+            AutoencoderKL,
+            EulerDiscreteScheduler,
+            StableDiffusionXLPipeline,
+            UNet2DConditionModel,
+        )
+
+        unet = UNet2DConditionModel(
+            block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
+            addition_time_embed_dim=8, transformer_layers_per_block=(1, 1), projection_class_embeddings_input_dim=80,
+            cross_attention_dim=64, norm_num_groups=4,
+        )
+        vae = AutoencoderKL(block_out_channels=(4, 8), in_channels=3, out_channels=3, latent_channels=4,
+                            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                            layers_per_block=1, norm_num_groups=2, sample_size=16)
+        # SDXL-Turbo's scheduler: Euler with trailing spacing
+        sched = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       timestep_spacing="trailing")
+        return StableDiffusionXLPipeline(
+            vae=vae, text_encoder=CLIPTextModel(tiny_clip_text_config(32)), tokenizer=tokenizer,
+            text_encoder_2=CLIPTextModelWithProjection(tiny_clip_text_config(32, projection_dim=32)),
+            tokenizer_2=tokenizer, unet=unet, scheduler=sched,
         )
     if kind == "sd3":
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
@@ -222,7 +249,7 @@ def build_tiny_pipeline(kind: PipelineKind, tokenizer_dir: str | os.PathLike, se
             text_encoder_2=t5,
             tokenizer_2=t5_tok,
         )
-    raise ValueError(f"kind must be 'sd', 'sd3' or 'flux', got {kind!r}")
+    raise ValueError(f"kind must be 'sd', 'sdxl', 'sd3' or 'flux', got {kind!r}")
 
 
 def save_tiny_pipeline(kind: PipelineKind, path: str | os.PathLike, seed: int = 0) -> Path:
