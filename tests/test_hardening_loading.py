@@ -386,7 +386,8 @@ def test_diffusion_rl_reward_config_cannot_run_code(tmp_path):
     marker = tmp_path / "pwned"
     cfg = RewardConfig(rewards={"subprocess:run": 1.0}, options={"subprocess:run": {"args": ["touch", str(marker)]}})
     # the trainer's reward loading, without building a pipeline around it
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), cfg=SimpleNamespace(reward=cfg))
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"),
+                              cfg=SimpleNamespace(reward=cfg, model=SimpleNamespace(attention="auto")))
     with pytest.raises(UnknownRewardError):
         Trainer._load_reward(trainer, "subprocess:run")
     assert not marker.exists()
