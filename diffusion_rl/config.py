@@ -147,10 +147,13 @@ class ModelConfig:
     lora_alpha: int = _f(64, "LoRA alpha")
     lora_targets: list[str] | None = _f(None, "module names to adapt (default: the attention projections)")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    attention: str = _f("auto", "attention backend of every pipeline model: auto (xformers on CUDA when it works, "
+                        "else sdpa), sdpa, xformers, flash or math")
 
     def __post_init__(self) -> None:
         _validate_types(self, "model")
         _choice("model.dtype", self.dtype, ["float32", "bfloat16", "float16"])
+        _choice("model.attention", self.attention, ["auto", "sdpa", "xformers", "flash", "math"])
         _positive("model.lora_rank", self.lora_rank)
         _positive("model.lora_alpha", self.lora_alpha)
         _positive("model.height", self.height)

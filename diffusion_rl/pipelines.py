@@ -430,12 +430,34 @@ def pipeline_from_pretrained(source: str, what: str = "model.pretrained", **kwar
                               "pipeline folder, or a hub id that is in the local cache when offline") from exc
 
 
-def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """A diffusers pipeline from a local folder or hub id (official layout), frozen, on `device`."""
+def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                  attention: str = "auto"):
+    """A diffusers pipeline from a local folder or hub id (official layout), frozen, on `device`, with every
+    attention module running the `attention` choice (see `mmreward.attention`)."""
+    from mmreward.attention import apply_to_pipeline, check_choice
+
+    check_choice(attention, "model.attention")  # before the (slow) load
     pipe = pipeline_from_pretrained(pretrained, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer"):
         module = getattr(pipe, name, None)
         if isinstance(module, torch.nn.Module):
             module.requires_grad_(False)
-    return pipe.to(device)
+    pipe = pipe.to(device)
+    apply_to_pipeline(pipe, attention)
+    return pipe
+
+
+def run_pipeline(model_cfg: Any, device: str | torch.device, pipeline: Any = None) -> Any:
+    """The run's pipeline: `model.pretrained` loaded frozen on `device`, or the one passed in; either way with
+    the configured attention backend and no progress bars."""
+    if pipeline is None:
+        if not model_cfg.pretrained.strip():
+            raise ConfigError("model.pretrained is empty: set it to a diffusers pipeline folder or hub id")
+        pipeline = load_pipeline(model_cfg.pretrained, DTYPES[model_cfg.dtype], device, model_cfg.attention)
+    else:  # a pipeline passed in runs the configured attention too
+        from mmreward.attention import apply_to_pipeline
+
+        apply_to_pipeline(pipeline, model_cfg.attention)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline

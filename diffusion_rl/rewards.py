@@ -9,14 +9,15 @@ from diffusion_rl.config import RewardConfig, RunConfig
 from mmreward.errors import ConfigError, UnknownOptionError
 
 
-def load_reward(name: str, cfg: RewardConfig, device: Any) -> Any:
+def load_reward(name: str, cfg: RewardConfig, device: Any, attention: str = "auto") -> Any:
     """`mmreward.load(name, **reward.options[name])`; an option the loader does not take is an error that names
-    the config key."""
+    the config key. One attention choice for the run: rewards follow `attention` (model.attention) unless
+    their options say otherwise."""
     import mmreward
 
     options = cfg.options.get(name, {})
     try:
-        return mmreward.load(name, device=device, **options)
+        return mmreward.load(name, device=device, **{"attention": attention, **options})
     except UnknownOptionError as exc:
         # the registry names the reward and its options; the user also needs the config key to edit
         raise UnknownOptionError(f"reward.options.{name}: {exc}") from None
@@ -37,11 +38,11 @@ class RunRewards:
 
 def load_run_rewards(cfg: RunConfig, device: Any) -> RunRewards:
     """Each distinct reward is loaded once, however many roles it plays."""
-    train = {name: load_reward(name, cfg.reward, device) for name in cfg.reward.rewards}
+    train = {name: load_reward(name, cfg.reward, device, cfg.model.attention) for name in cfg.reward.rewards}
     eval_names = cfg.reward.eval_rewards or list(cfg.reward.rewards)
-    evals = {n: train.get(n) or load_reward(n, cfg.reward, device) for n in eval_names}
+    evals = {n: train.get(n) or load_reward(n, cfg.reward, device, cfg.model.attention) for n in eval_names}
     pairwise = None
     if cfg.train.algorithm == "pref_grpo":
         name = cfg.reward.pairwise or next(iter(cfg.reward.rewards))
-        pairwise = train.get(name) or load_reward(name, cfg.reward, device)
+        pairwise = train.get(name) or load_reward(name, cfg.reward, device, cfg.model.attention)
     return RunRewards(train, evals, pairwise)

@@ -31,7 +31,7 @@ from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.evaluation import evaluate
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.losses import gaussian_kl, normalized_log_ratio, ppo_clip_loss
-from diffusion_rl.pipelines import DTYPES, PromptEmbeds, load_pipeline, make_adapter
+from diffusion_rl.pipelines import PromptEmbeds, make_adapter, run_pipeline
 from diffusion_rl.policy import Policy
 from diffusion_rl.probe import Probe
 from diffusion_rl.rewards import load_run_rewards
@@ -57,11 +57,7 @@ class Trainer:
         self.out_dir = Path(cfg.log.output_dir)
         resume = checkpointing.find_resume(cfg.train.resume_from, self.out_dir) if cfg.train.resume_from else None
         self.rewards = load_run_rewards(cfg, acc.device)
-        if pipeline is None:
-            if not cfg.model.pretrained.strip():
-                raise ConfigError("model.pretrained is empty: set it to a diffusers pipeline folder or hub id")
-            pipeline = load_pipeline(cfg.model.pretrained, DTYPES[cfg.model.dtype], acc.device)
-        pipeline.set_progress_bar_config(disable=True)
+        pipeline = run_pipeline(cfg.model, acc.device, pipeline)
         self.adapter = make_adapter(pipeline, cfg.model.height, cfg.model.width, cfg.model.max_sequence_length)
         self.kernel = Kernel(cfg.sample.kernel, cfg.sample.noise_level, cfg.sample.log_prob_reduction)
         self.algorithm = algorithm or make_algorithm(cfg, self.rewards.train, self.rewards.pairwise)

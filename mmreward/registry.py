@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import torch
 
+from mmreward.attention import check_choice
+from mmreward.attention import configure as configure_attention
 from mmreward.checkpoints import import_object, parse_source, read_json, resolve_device, resolve_dtype
 from mmreward.errors import CheckpointError, MMRewardError, UnknownOptionError, UnknownRewardError
 from mmreward.types import Reward, RewardSpec
@@ -227,7 +229,9 @@ def load(
     strictly (missing, extra or wrong-shaped keys are a CheckpointError) and never through pickle.
 
     `options` go to the reward's loader; an option it does not accept is an UnknownOptionError that
-    lists the accepted ones.
+    lists the accepted ones. `attention` ("auto" | "sdpa" | "xformers" | "flash" | "math", see
+    `mmreward.attention`) is handled here for every family: it configures each attention module of the
+    built reward for its final device and dtype, and `reward.attention_backend` reports what runs.
 
     Security: a source "pkg.module:Class" imports `pkg.module` (running its top-level code, as
     transformers' trust_remote_code does) and must name a Reward subclass; anything else is refused
@@ -236,6 +240,7 @@ def load(
     """
     if weights not in ("pretrained", "random"):
         raise CheckpointError(f"weights must be 'pretrained' or 'random', got {weights!r}")
+    attention = check_choice(options.pop("attention", "auto"))  # checked before any (slow) model load
     _ensure_builtins()
     src = parse_source(name_or_source, _REGISTRY)
     if src.kind == "class":
@@ -247,7 +252,7 @@ def load(
             )
         cls = import_object(src.value, is_reward_class, "an mmreward.Reward subclass")
         reward = _call_checked(cls, f"'{src.value}'", (), {}, options)
-        return _finalize(reward, device, dtype)
+        return _finalize(reward, device, dtype, attention)
     if src.kind == "hub":
         spec, tag = _spec_for_repo(src.value)
         checkpoint = checkpoint or ("hf-hub:" + src.value + (f"@{src.revision}" if src.revision else ""))
@@ -256,7 +261,8 @@ def load(
         spec, tag = get_spec(card["reward"]), None
         checkpoint = checkpoint or src.value
         with registered_only(f"the card {Path(src.value) / CARD_FILE}"):
-            return load(spec.name, checkpoint, device, dtype, weights, **{**card.get("options", {}), **options})
+            return load(spec.name, checkpoint, device, dtype, weights,
+                        **{**card.get("options", {}), **options, "attention": attention})
     else:
         spec, tag = get_spec(src.value), src.tag
     if tag is not None and checkpoint is None:
@@ -285,13 +291,15 @@ def load(
     reward = _call_checked(resolve_loader(spec), f"reward '{spec.name}'", (checkpoint,), {"weights": weights}, options)
     if not isinstance(reward, Reward):
         raise CheckpointError(f"the loader of reward '{spec.name}' returned a {type(reward).__name__}, not a Reward")
-    return _finalize(reward, device, dtype)
+    return _finalize(reward, device, dtype, attention)
 
 
-def _finalize(reward: Reward, device, dtype) -> Reward:
+def _finalize(reward: Reward, device, dtype, attention: str = "auto") -> Reward:
     reward = reward.to(device=resolve_device(device))
     if dtype is not None:
         reward = reward.to(dtype=resolve_dtype(dtype))
+    # after the move: what works (xformers, flash) depends on the final device and dtype
+    configure_attention(reward, attention)
     reward.eval()
     for p in reward.parameters():
         p.requires_grad_(False)

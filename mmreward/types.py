@@ -159,6 +159,9 @@ class Reward(torch.nn.Module):
     # ask each pair once instead of paying for the swap twice. A subclass may make it a property.
     compare_debiased: bool = False
     compare_temperature: float = 1.0
+    # The attention backend this reward's models run ('sdpa', 'xformers', 'flash', 'math'), set by
+    # `mmreward.attention` when the reward is loaded; None when nothing in it runs attention.
+    attention_backend: str | None = None
 
     def __init__(self, *, micro_batch_size: int = 32) -> None:
         super().__init__()

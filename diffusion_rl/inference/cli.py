@@ -41,6 +41,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu, cuda, mps... (default: cuda when available)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                    help="pipeline weights dtype (half precision on GPU saves memory; the noise stays fp32)")
+    p.add_argument("--attention", choices=["auto", "sdpa", "xformers", "flash", "math"], default="auto",
+                   help="attention backend of the pipeline and the rewards (auto: xformers on CUDA when it works, "
+                   "else sdpa)")
     p.add_argument("--output", default="reno_out", help="output folder")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -109,7 +112,8 @@ def _setup(args, differentiable: bool):
     views = getattr(args, "views", 1)
     augment = RandomViews(views, args.view_shift, args.view_blur, args.view_noise, seed=args.seed) if views != 1 else None
     objective = RewardObjective.load(
-        weights, options={k: {"checkpoint": v} for k, v in checkpoints.items()}, device=device,
+        weights, options={k: {"attention": args.attention, **({"checkpoint": checkpoints[k]} if k in checkpoints else {})}
+                          for k in {**weights, **checkpoints}}, device=device,
         reward_weights=args.reward_weights, details=_pairs(args.reward_detail, "--reward-detail"), augment=augment,
     )
     if differentiable:
@@ -118,7 +122,7 @@ def _setup(args, differentiable: bool):
         args.pipeline, device=device, dtype=args.dtype, num_inference_steps=args.steps,
         guidance_scale=args.guidance_scale, height=args.height, width=args.width,
         gradient_checkpointing=getattr(args, "gradient_checkpointing", False), seed=args.seed,
-        max_sequence_length=args.max_sequence_length,
+        max_sequence_length=args.max_sequence_length, attention=args.attention,
     )
     return generator, objective
 

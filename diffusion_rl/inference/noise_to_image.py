@@ -83,9 +83,12 @@ class NoiseToImage:
         *,
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype = torch.float32,
+        attention: str = "auto",
         **kwargs: Any,
     ) -> NoiseToImage:
-        """Load any diffusers pipeline folder or hub id (cache-first; offline needs a local copy)."""
+        """Load any diffusers pipeline folder or hub id (cache-first; offline needs a local copy).
+
+        `attention`: the backend of every model in the pipeline (see `mmreward.attention`)."""
         require_installed("diffusers", DIFFUSION_EXTRA, "NoiseToImage.from_pretrained")
         if isinstance(dtype, str):
             if dtype not in DTYPES:
@@ -99,8 +102,12 @@ class NoiseToImage:
 
         # recent diffusers renamed torch_dtype to dtype (and warn on the old name); older ones only know torch_dtype
         key = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
-        pipe = pipeline_from_pretrained(str(source), "--pipeline", **{key: torch_dtype})
-        return cls(pipe.to(device), **kwargs)
+        from mmreward.attention import apply_to_pipeline, check_choice
+
+        check_choice(attention, "--attention")  # before the (slow) load
+        pipe = pipeline_from_pretrained(str(source), "--pipeline", **{key: torch_dtype}).to(device)
+        apply_to_pipeline(pipe, attention)
+        return cls(pipe, **kwargs)
 
     # -- shapes and noise ------------------------------------------------------------------------
     @property

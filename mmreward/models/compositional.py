@@ -54,8 +54,11 @@ class CompositionalReward(Reward):
         self.score_kind = score
         self.thresholds = Thresholds(score_threshold, counting_threshold, max_objects, position_margin)
         self.color_of = color_of
-        if isinstance(detector, torch.nn.Module):
-            self.detector_module = detector
+        # the detector's network (the detector itself, or the `.model` of OWLv2/Grounding DINO wrappers) is a
+        # submodule, so that device moves and the `attention` choice (mmreward.attention) reach it
+        module = detector if isinstance(detector, torch.nn.Module) else getattr(detector, "model", None)
+        if isinstance(module, torch.nn.Module):
+            self.detector_module = module
 
     def evaluate(self, prompts: list[str], media, metadata: list[dict] | None = None):
         from mmreward.geneval.colors import box_color

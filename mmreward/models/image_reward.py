@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmreward.attention import attend
 from mmreward.types import Reward, RewardOutput
 
 REWARD_MEAN = 0.16717362830052426
@@ -58,6 +59,8 @@ class PatchEmbed(nn.Module):
 
 
 class ViTAttention(nn.Module):
+    attn_backend = "sdpa"  # set by mmreward.attention.apply_attention (the `attention` load option)
+
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -67,7 +70,7 @@ class ViTAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = attend(q, k, v, None, self.attn_backend)
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
 
@@ -133,6 +136,8 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
+    attn_backend = "sdpa"  # set by mmreward.attention.apply_attention (the `attention` load option)
+
     def __init__(self, cfg: dict[str, Any], kv_width: int) -> None:
         super().__init__()
         h = cfg["hidden_size"]
@@ -147,7 +152,7 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, additive_mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self._heads(self.query(x)), self._heads(self.key(context)), self._heads(self.value(context))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask)
+        out = attend(q, k, v, additive_mask, self.attn_backend)
         return out.transpose(1, 2).reshape(x.shape)
 
 
