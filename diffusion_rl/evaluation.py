@@ -30,7 +30,7 @@ def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: K
     n = cfg.prompts.eval_samples_per_prompt
     items = [(p, i) for p in range(len(prompts)) for i in range(n)]
     mine = items[acc.process_index :: acc.num_processes]
-    model = policy.unwrapped.eval()
+    model = policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
     scores: dict[str, list[float]] = {name: [] for name in rewards}
     images_all = []
     with policy.averaged():
