@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from diffusion_rl import checkpointing, reporting, sharding
+from diffusion_rl.accelerator import flat_config, make_accelerator, tracker_init_kwargs
 from diffusion_rl.algorithms import DRaFT, make_algorithm
 from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.evaluation import evaluate
@@ -43,10 +44,8 @@ class Trainer:
     """Builds a run from its config (accelerator, rewards, pipeline, algorithm, policy), then trains it."""
 
     def __init__(self, cfg: RunConfig, *, accelerator: Any = None, pipeline: Any = None, algorithm: Any = None) -> None:
-        from accelerate import Accelerator
-
         self.cfg = cfg
-        self.accelerator = acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision)
+        self.accelerator = acc = accelerator or make_accelerator(cfg)
         # everything a user can get wrong in the config is checked before the (slow) pipeline load
         sharding.check_divisible(cfg.sample, cfg.train, acc.num_processes)
         self.train_prompts = cfg.prompts.load("train")
@@ -66,12 +65,16 @@ class Trainer:
         self.algorithm = algorithm or make_algorithm(cfg, self.rewards.train, self.rewards.pairwise)
         self.policy = Policy(cfg, self.adapter, acc)
         self.trainable, self.ema = self.policy.trainable, self.policy.ema
+        n_eval = len(self.eval_prompts) * cfg.prompts.eval_samples_per_prompt
+        if self.policy.sharded and n_eval % acc.num_processes:
+            # a sharded model's forward is a collective: every process must sample the same number of images
+            raise ConfigError(f"with sharded weights (FSDP) the evaluation samples (prompts.eval x "
+                              f"eval_samples_per_prompt = {n_eval}) must divide evenly over {acc.num_processes} processes")
         self.probe = Probe(cfg.train)
         self._embed_cache: dict[str, PromptEmbeds] = {}
         self.iteration = 0
         self.history: list[dict[str, Any]] = []
         self.last_images: torch.Tensor | None = None  # the last iteration's samples, for the grids
-        self._trackers: list[Any] = []
         if resume is not None:
             self._restore(*resume)
             if acc.is_main_process:
@@ -106,7 +109,7 @@ class Trainer:
         slot_prompts, prompts, slots, sample_ids = self.local_prompts(it)
         embeds = self.embeds_for(prompts)
         sde = sharding.sde_steps(cfg.sample, cfg.train.seed, it)
-        model = self.policy.unwrapped.eval()
+        model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
         parts = []
         for start in range(0, len(slots), cfg.sample.batch_size):
             sl = slice(start, start + cfg.sample.batch_size)
@@ -221,7 +224,8 @@ class Trainer:
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out_dir / "config.yaml")
-            self._trackers = reporting.open_trackers(cfg.log, self.out_dir, cfg.to_dict())
+        # accelerate's trackers (log_with=...); a no-op on the other processes and without trackers
+        self.accelerator.init_trackers(cfg.log.project, config=flat_config(cfg), init_kwargs=tracker_init_kwargs(cfg.log))
         if self.iteration == 0 and self.eval_prompts and cfg.log.eval_at_start:
             self.log({"iteration": 0, **self.evaluate("_start")})
         iters = range(self.iteration, cfg.train.iterations)
@@ -237,8 +241,10 @@ class Trainer:
                 metrics.update(self.evaluate())
                 last_eval = self.iteration
             if cfg.log.grid_every and self.iteration % cfg.log.grid_every == 0 and main:
-                reporting.save_grid(self.last_images[: cfg.log.max_grid_images],
-                                    self.out_dir / "grids" / f"train_{self.iteration:06d}.png", ncol=cfg.sample.group_size)
+                grid = reporting.save_grid(self.last_images[: cfg.log.max_grid_images],
+                                           self.out_dir / "grids" / f"train_{self.iteration:06d}.png",
+                                           ncol=cfg.sample.group_size)
+                reporting.log_image(self.accelerator, "train/samples", grid, self.iteration)
             self.log({"iteration": self.iteration, **metrics})
             if hasattr(iters, "set_postfix"):
                 iters.set_postfix({k.split("/")[-1]: round(v, 4) for k, v in metrics.items() if k.startswith("reward/")
@@ -253,16 +259,27 @@ class Trainer:
         self.export()
         if main:
             reporting.plot_curves(self.history, self.out_dir / "reward_curve.png")
+        # what `Accelerator.end_training` does for trackers (flush and close the writers) without its other half,
+        # destroying the process group, which belongs to whoever launched us and may run more after `fit`
+        if main:
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
         return self.history
 
     def evaluate(self, tag: str = "") -> dict[str, float]:
-        return evaluate(self.cfg, self.policy, self.adapter, self.kernel, self.eval_prompts, self.rewards.eval,
-                        self.embeds_for, self.out_dir / f"eval_grid{tag}.png")
+        """Held-out evaluation; its grid also goes to the trackers as an image at the current iteration."""
+        grid = self.out_dir / f"eval_grid{tag}.png"
+        out = evaluate(self.cfg, self.policy, self.adapter, self.kernel, self.eval_prompts, self.rewards.eval,
+                       self.embeds_for, grid)
+        if self.accelerator.is_main_process and grid.is_file():
+            reporting.log_image(self.accelerator, "eval/samples", grid, self.iteration)
+        return out
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
         if self.accelerator.is_main_process:
-            reporting.append_metrics(self.out_dir, metrics, self._trackers)
+            reporting.append_metrics(self.out_dir, metrics)
+            self.accelerator.log({k: v for k, v in metrics.items() if k != "iteration"}, step=metrics["iteration"])
 
     def checkpoint_state(self) -> dict[str, Any]:
         return checkpointing.training_state(self.policy, self.algorithm, self.iteration, self.history, self.cfg.to_dict())
@@ -288,7 +305,7 @@ class Trainer:
     def export(self, path: str | Path | None = None) -> Path:
         """Save the trained weights for inference: LoRA in diffusers' format, or the full denoiser (EMA if kept)."""
         path = Path(path or self.out_dir / "final")
-        if self.accelerator.is_main_process:
+        if self.accelerator.is_main_process or self.policy.sharded:  # sharded weights are gathered by all
             self.policy.export(path, self.adapter, self.cfg.model.lora)
         return path
 
