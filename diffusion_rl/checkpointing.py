@@ -4,6 +4,15 @@ A checkpoint is a folder written atomically (a hidden temporary folder renamed i
 `trainer_state.json` last), so a run killed mid-save leaves the previous checkpoint as the latest.
 `training_state` / `restore` move the state between a `Policy` (model, optimizer, EMA), the algorithm
 and the run's counters and this layout.
+
+Why not `accelerator.save_state` / `load_state` (checked in accelerate 1.15): objects registered with
+`register_for_checkpointing` (our EMA, DDPO's stat trackers) are written with pickle and read back with
+`torch.load(weights_only=False)`, which runs whatever code a checkpoint holds; and under FSDP the model goes
+to a pickled `.bin` or to torch.distributed.checkpoint shards whose metadata is a pickle. Instead the
+states are gathered with torch's `torch.distributed.checkpoint.state_dict` API, which gives the same full,
+name-keyed state for a plain, DDP or FSDP model, so a checkpoint saved by an FSDP run resumes under DDP or
+one process and the other way round. Our sampling noise is counter-based (`seeding.py`), so no RNG
+state is needed for an exact resume.
 """
 
 from __future__ import annotations
@@ -21,34 +30,71 @@ import torch
 from diffusion_rl.policy import Policy
 from mmreward.errors import CheckpointError, ConfigError
 
-CHECKPOINT_FORMAT = 2  # 1: one pickled trainer_state.pt; 2: safetensors + trainer_state.json
+CHECKPOINT_FORMAT = 3  # 1: one pickled trainer_state.pt; 2: safetensors + JSON, optimizer by index; 3: by name
+READABLE_FORMATS = (2, 3)
 STATE_FILE = "trainer_state.json"  # written last: its presence marks a complete folder
 _TEMPORARY = re.compile(r"^\..+\.(tmp|old)-\d+$")
 
 
+def _options(strict: bool = True) -> Any:
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # cpu_offload gathers onto rank 0 only (the only one that writes); without a process group there is no rank
+    distributed = dist.is_available() and dist.is_initialized()
+    return StateDictOptions(full_state_dict=True, cpu_offload=distributed, strict=strict)
+
+
+def _inner_optimizer(policy: Policy) -> torch.optim.Optimizer:
+    return getattr(policy.optimizer, "optimizer", policy.optimizer)  # accelerate's AcceleratedOptimizer wraps it
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) tensor gathered whole; a collective, so every process calls it."""
+    from torch.distributed.tensor import DTensor
+
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+
+
+def trained_names(policy: Policy) -> list[str]:
+    """The names of the trained parameters, in the optimizer's order."""
+    names = {id(p): n for n, p in policy.unwrapped.named_parameters()}
+    return [names[id(p)] for p in policy.trainable]
+
+
 def training_state(policy: Policy, algorithm: Any, iteration: int, history: list[dict[str, Any]],
                    config: dict[str, Any]) -> dict[str, Any]:
-    """Everything a resumed run needs, in memory (tensors on CPU); `write_checkpoint` stores it."""
+    """Everything a resumed run needs, in memory (tensors on CPU). A collective under FSDP: every process
+    calls it, and the gathered tensors are complete on the main process, which `write_checkpoint`s them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     algo_state = algorithm.state_dict() if hasattr(algorithm, "state_dict") else None
-    names = {id(p): n for n, p in policy.unwrapped.named_parameters()}
+    names = trained_names(policy)
+    full = get_model_state_dict(policy.model, options=_options())
+    ema = None
+    if policy.ema is not None:
+        ema = {"shadow": [_full(t) for t in policy.ema.shadow], "num_updates": policy.ema.num_updates}
     return {
         "iteration": iteration, "optimizer_steps": policy.steps,
-        "params": {names[id(p)]: p.detach().cpu().clone() for p in policy.trainable},
-        "optimizer": policy.optimizer.state_dict(),
-        "ema": None if policy.ema is None else policy.ema.state_dict(),
-        "algorithm": algo_state, "history": history, "config": config,
+        "params": {n: full[n].detach().cpu().clone() for n in names if n in full},
+        "optimizer": get_optimizer_state_dict(policy.model, _inner_optimizer(policy), options=_options()),
+        "ema": ema, "algorithm": algo_state, "history": history, "config": config,
     }
 
 
 def restore(path: Path, state: dict[str, Any], policy: Policy, algorithm: Any) -> None:
-    """Load a checkpoint's parameters, optimizer, EMA and algorithm state into a freshly built run, after
-    checking that it was saved from the same model and LoRA configuration."""
+    """Load a checkpoint's parameters, optimizer, EMA and algorithm state into a freshly built (prepared) run,
+    after checking that it was saved from the same model and LoRA configuration. Every process loads the
+    full state; torch's `set_*_state_dict` keeps each process's shard of it under FSDP."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     params = dict(policy.unwrapped.named_parameters())
     missing = [n for n in state["params"] if n not in params]
     if missing:
         raise ConfigError(f"checkpoint {path} has parameters this model lacks (different LoRA config?): {missing[:3]}")
-    trained = {id(p) for p in policy.trainable}
-    absent = [n for n, p in params.items() if id(p) in trained and n not in state["params"]]
+    names = trained_names(policy)
+    absent = [n for n in names if n not in state["params"]]
     if absent:
         raise ConfigError(f"checkpoint {path} lacks trained parameters of this model (different LoRA config?): "
                           f"{absent[:3]}")
@@ -56,15 +102,22 @@ def restore(path: Path, state: dict[str, Any], policy: Policy, algorithm: Any) -
         if tuple(v.shape) != tuple(params[n].shape):
             raise ConfigError(f"checkpoint {path}: parameter {n} has shape {tuple(v.shape)}, this model's is "
                               f"{tuple(params[n].shape)} (different model or model.lora_rank?)")
-    with torch.no_grad():
-        for n, v in state["params"].items():
-            params[n].copy_(v.to(params[n].device, params[n].dtype))
+    set_model_state_dict(policy.model, {n: v.to(params[n].dtype) for n, v in state["params"].items()},
+                         options=_options(strict=False))
+    opt = state["optimizer"]
+    if any(isinstance(k, int) for k in opt["state"]):  # format 2 numbered the parameters in optimizer order
+        opt = {"state": {names[k]: v for k, v in opt["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in opt["param_groups"]]}
     try:
-        policy.optimizer.load_state_dict(state["optimizer"])
-    except (ValueError, KeyError) as exc:
+        set_optimizer_state_dict(policy.model, _inner_optimizer(policy), opt, options=_options())
+    except (ValueError, KeyError, IndexError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {path}: the optimizer state does not fit this model ({exc})") from None
     if policy.ema is not None and state["ema"] is not None:
-        policy.ema.load_state_dict(state["ema"])
+        shadow = []
+        for p, s in zip(policy.trainable, state["ema"]["shadow"], strict=True):
+            s = s.to(p.device, torch.float32)
+            shadow.append(distribute_tensor(s, p.device_mesh, p.placements) if isinstance(p, DTensor) else s)
+        policy.ema.load_state_dict({"shadow": shadow, "num_updates": state["ema"]["num_updates"]})
     if state.get("algorithm") is not None and hasattr(algorithm, "load_state_dict"):
         algorithm.load_state_dict(state["algorithm"])
     policy.steps = state["optimizer_steps"]
@@ -172,9 +225,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{meta_file} is not readable JSON ({exc}); the checkpoint is corrupt") from None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") not in READABLE_FORMATS:
         raise CheckpointError(f"{meta_file}: unknown checkpoint format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
-                              f"expected {CHECKPOINT_FORMAT}")
+                              f"expected one of {list(READABLE_FORMATS)}")
     for key, kind in (("iteration", int), ("optimizer_steps", int), ("history", list), ("files", dict),
                       ("optimizer", dict)):
         if not isinstance(meta.get(key), kind):
@@ -191,12 +244,15 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"{f} is not a readable safetensors file ({exc})") from None
     if "params" not in tensors or "optimizer" not in tensors:
         raise CheckpointError(f"{meta_file} lists no params or optimizer file; the checkpoint is corrupt")
-    opt_state: dict[int, dict[str, Any]] = {}
+    # format 3 keys the optimizer state by parameter name (names hold dots; the state fields do not), format 2
+    # by the parameter's index
+    key_of = int if meta["format"] == 2 else str
+    opt_state: dict[int | str, dict[str, Any]] = {}
     for key, val in tensors["optimizer"].items():
-        idx, name = key.split(".", 1)
-        opt_state.setdefault(int(idx), {})[name] = val
-    for idx, scalars in meta["optimizer"].get("scalars", {}).items():
-        opt_state.setdefault(int(idx), {}).update(scalars)
+        param, name = key.rsplit(".", 1)
+        opt_state.setdefault(key_of(param), {})[name] = val
+    for param, scalars in meta["optimizer"].get("scalars", {}).items():
+        opt_state.setdefault(key_of(param), {}).update(scalars)
     groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["optimizer"]["param_groups"]]
     ema = None
     if meta.get("ema") is not None:

@@ -264,7 +264,8 @@ class TrainConfig:
     ema: bool = _f(False, "keep an EMA of the trained weights, used for evaluation and export")
     ema_decay: float = _f(0.9, "EMA decay (Flow-GRPO: 0.9 every 8 steps)")
     ema_update_every: int = _f(8, "optimizer steps between EMA updates")
-    mixed_precision: str = _f("no", "accelerate mixed precision: no, bf16 or fp16")
+    mixed_precision: str | None = _f(None, "mixed precision: no, bf16 or fp16; unset: what `accelerate launch "
+                                     "--mixed_precision` / the accelerate config says (a value here wins)")
     seed: int = _f(42, "seed of the counter-based noise and prompt order")
     probe: str = _f("warn", "before each update check that recomputed log-probs equal the rollout's: warn, error or off")
     probe_tolerance: float = _f(1e-4, "max |log ratio| allowed by the probe at ratio 1")
@@ -298,7 +299,7 @@ class TrainConfig:
         _positive("train.kl_beta", self.kl_beta, allow_zero=True)
         _choice("train.kl_mode", self.kl_mode, ["exact", "flow_grpo"])
         _choice("train.kl_reference", self.kl_reference, ["adapter", "copy"])
-        _choice("train.mixed_precision", self.mixed_precision, ["no", "bf16", "fp16"])
+        _choice("train.mixed_precision", self.mixed_precision, [None, "no", "bf16", "fp16"])
         _choice("train.probe", self.probe, ["warn", "error", "off"])
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
@@ -328,6 +329,10 @@ class PromptsConfig:
         return load_prompts(getattr(self, which), f"prompts.{which}")
 
 
+# accelerate's tracker names (accelerate.utils.LoggerType), listed here so a config is checked without importing it
+TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab", "trackio")
+
+
 @dataclass
 class LogConfig:
     output_dir: str = _f("runs/diffusion_rl", "where metrics.jsonl, grids, curves and checkpoints go")
@@ -336,8 +341,12 @@ class LogConfig:
     save_every: int = _f(0, "iterations between checkpoints (0: only at the end)")
     grid_every: int = _f(10, "iterations between PNG grids of training samples (0: never)")
     max_grid_images: int = _f(16, "images per grid")
-    tensorboard: bool = _f(False, "also log to TensorBoard (needs tensorboard)")
-    wandb: bool = _f(False, "also log to Weights & Biases (needs wandb)")
+    trackers: list[str] = _f([], "accelerate trackers to log to, e.g. [tensorboard, wandb] (extra: mmreward[tracking])")
+    project: str = _f("diffusion_rl", "tracker project name (W&B project; TensorBoard folder under output_dir)")
+    run_name: str | None = _f(None, "tracker run name (default: the tracker's own)")
+    tags: list[str] = _f([], "tracker run tags (W&B)")
+    tensorboard: bool = _f(False, "shorthand for adding 'tensorboard' to log.trackers")
+    wandb: bool = _f(False, "shorthand for adding 'wandb' to log.trackers")
     progress: bool = _f(True, "show progress bars")
 
     def __post_init__(self) -> None:
@@ -347,6 +356,15 @@ class LogConfig:
         for name in ("eval_every", "save_every", "grid_every"):
             _positive(f"log.{name}", getattr(self, name), allow_zero=True)
         _positive("log.max_grid_images", self.max_grid_images)
+        for name in self.trackers:
+            _choice("log.trackers[]", name, TRACKERS)
+        if not self.project.strip():
+            raise ConfigError("log.project is empty: give the tracker project name, e.g. diffusion_rl")
+
+    def all_trackers(self) -> list[str]:
+        """log.trackers plus the tensorboard/wandb shorthands, each once."""
+        extra = [n for n, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb)) if on]
+        return list(dict.fromkeys([*self.trackers, *extra]))
 
 
 @dataclass

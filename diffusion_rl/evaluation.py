@@ -14,6 +14,7 @@ from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import rollout
+from mmreward.errors import ConfigError
 from mmreward.prompt_sources import score_with_metadata
 
 EVAL_EPOCH = 1_000_003  # the noise counter of evaluation samples: fixed, so every evaluation sees the same x_T
@@ -32,7 +33,7 @@ def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: K
     n = cfg.prompts.eval_samples_per_prompt
     items = [(p, i) for p in range(len(prompts)) for i in range(n)]
     mine = items[acc.process_index :: acc.num_processes]
-    model = policy.unwrapped.eval()
+    model = policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
     scores: dict[str, list[float]] = {name: [] for name in rewards}
     images_all = []
     with policy.averaged():
@@ -66,3 +67,11 @@ def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: K
 
         save_grid(torch.cat(images_all)[: cfg.log.max_grid_images], grid, ncol=min(8, max(1, n)) if n > 1 else 8)
     return out
+
+
+def check_sharded_evaluation(cfg: RunConfig, n_prompts: int, sharded: bool, num_processes: int) -> None:
+    """A sharded model's forward is a collective: every process must sample the same number of images."""
+    n_eval = n_prompts * cfg.prompts.eval_samples_per_prompt
+    if sharded and n_eval % num_processes:
+        raise ConfigError(f"with sharded weights (FSDP) the evaluation samples (prompts.eval x eval_samples_per_prompt"
+                          f" = {n_eval}) must divide evenly over {num_processes} processes")

@@ -50,25 +50,38 @@ class Policy:
             raise ConfigError(f"no trainable parameters: model.lora_targets {cfg.model.lora_targets} matched no module")
         for p in params:
             p.data = p.data.float()
-        self.trainable = params
         tc = cfg.train
         optimizer = torch.optim.AdamW(params, lr=tc.learning_rate, betas=(tc.adam_beta1, tc.adam_beta2),
                                       weight_decay=tc.weight_decay, eps=tc.adam_eps)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
-        self.ema = EMA(params, tc.ema_decay, tc.ema_update_every) if tc.ema else None
+        # FSDP replaces the parameters while preparing (sharded DTensors) and points the optimizer at the new
+        # ones, so everything that touches parameters (clipping, EMA, checkpoints) takes them from the
+        # prepared optimizer, never from the list built above
+        self.trainable: list[torch.nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.ema = EMA(self.trainable, tc.ema_decay, tc.ema_update_every) if tc.ema else None
         self.max_grad_norm = tc.max_grad_norm
         self.steps = 0
 
     @property
     def unwrapped(self) -> torch.nn.Module:
+        """The model without its DDP wrapper (for names and adapters); under FSDP2 the sharded model itself."""
         return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the trained parameters are sharded over processes (FSDP): every process must then run the
+        same forward passes, and states are gathered before saving."""
+        from torch.distributed.tensor import DTensor
+
+        return any(isinstance(p, DTensor) for p in self.trainable)
 
     def step(self) -> float | None:
         """Clip, apply and clear the accumulated gradients, then update the EMA; returns the gradient norm
         before clipping (None when clipping is off)."""
         grad_norm = None
         if self.max_grad_norm is not None:
-            grad_norm = float(self.accelerator.clip_grad_norm_(self.trainable, self.max_grad_norm))
+            norm = self.accelerator.clip_grad_norm_(self.trainable, self.max_grad_norm)
+            grad_norm = None if norm is None else float(norm)  # DeepSpeed clips itself and may report no norm
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
@@ -104,4 +117,19 @@ class Policy:
         with self.averaged():
             if lora:
                 return export_lora(adapter.pipeline, model, adapter.denoiser_attr, adapter.family, path)
+            if self.sharded:  # FSDP: the denoiser's gathered weights only (a full pipeline folder needs unsharded components)
+                self._export_sharded(path / adapter.denoiser_attr, model)
+                return path
             return export_pipeline(adapter.pipeline, model, adapter.denoiser_attr, path)
+
+    def _export_sharded(self, folder: Path, model: Any) -> None:
+        """FSDP: gather the full weights (a collective: every process calls `export`), and write them from the
+        main process in diffusers' layout (config.json + diffusion_pytorch_model.safetensors)."""
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.accelerator.is_main_process:
+            folder.mkdir(parents=True, exist_ok=True)
+            model.save_config(str(folder))
+            save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "diffusion_pytorch_model.safetensors"))

@@ -6,14 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from diffusion_rl.config import LogConfig
-from mmreward.errors import require
 
 
 def save_grid(images: torch.Tensor, path: str | Path, ncol: int = 8) -> Path:
@@ -70,13 +66,11 @@ def plot_curves(history: list[dict[str, Any]], path: str | Path) -> Path | None:
     return path
 
 
-def append_metrics(out_dir: Path, metrics: dict[str, Any], trackers: list[Callable[[dict[str, Any]], Any]]) -> None:
-    """One line of metrics.jsonl, and the same metrics to every tracker (TensorBoard, W&B)."""
+def append_metrics(out_dir: Path, metrics: dict[str, Any]) -> None:
+    """One line of metrics.jsonl (the trackers get the same metrics through `Accelerator.log`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(metrics) + "\n")
-    for tracker in trackers:
-        tracker(metrics)
 
 
 def rewrite_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:
@@ -89,18 +83,33 @@ def rewrite_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:
     os.replace(tmp, target)
 
 
-def open_trackers(log: LogConfig, out_dir: Path, run_config: dict[str, Any]) -> list[Callable[[dict[str, Any]], Any]]:
-    """The optional experiment trackers `log.tensorboard` / `log.wandb` ask for, as metric sinks."""
-    trackers: list[Callable[[dict[str, Any]], Any]] = []
-    if log.tensorboard:
-        require("tensorboard", "tracking", "log.tensorboard")
-        from torch.utils.tensorboard import SummaryWriter
+def log_image(accelerator: Any, tag: str, png: Path, step: int) -> None:
+    """Send a saved grid to every tracker that takes images, in the form each expects: TensorBoard a (1, 3, H, W)
+    float batch (`add_images`), the others (W&B, Aim, custom trackers) a list of (H, W, 3) uint8 arrays."""
+    trackers = [t for t in accelerator.trackers if hasattr(t, "log_images")]
+    if not trackers or not accelerator.is_main_process or not Path(png).is_file():
+        return
+    import numpy as np
+    from PIL import Image
 
-        writer = SummaryWriter(str(out_dir / "tensorboard"))
-        trackers.append(lambda m: [writer.add_scalar(k, v, m["iteration"]) for k, v in m.items()
-                                   if isinstance(v, (int, float))])
-    if log.wandb:
-        wandb = require("wandb", "tracking", "log.wandb")
-        run = wandb.init(project="diffusion_rl", config=run_config, dir=str(out_dir))
-        trackers.append(lambda m: run.log(m, step=m["iteration"]))
-    return trackers
+    with Image.open(png) as im:
+        hwc = np.asarray(im.convert("RGB"))
+    for tracker in trackers:
+        if tracker.name == "tensorboard":
+            tracker.log_images({tag: hwc.transpose(2, 0, 1)[None].astype(np.float32) / 255.0}, step=step)
+        else:
+            tracker.log_images({tag: [hwc]}, step=step)
+
+
+def open_trackers(accelerator: Any, cfg: Any) -> None:
+    """accelerate's trackers (`log_with=...`) for the run; a no-op on the other processes and without trackers."""
+    from diffusion_rl.accelerator import flat_config, tracker_init_kwargs
+
+    accelerator.init_trackers(cfg.log.project, config=flat_config(cfg), init_kwargs=tracker_init_kwargs(cfg.log))
+
+
+def close_trackers(accelerator: Any) -> None:
+    """Flush and close the writers: what `Accelerator.end_training` does for trackers, without its other half
+    (destroying the process group, which belongs to whoever launched us and may run more after `fit`)."""
+    for tracker in accelerator.trackers:
+        tracker.finish()

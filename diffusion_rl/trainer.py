@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from diffusion_rl import checkpointing, reporting, sharding
+from diffusion_rl.accelerator import make_accelerator
 from diffusion_rl.algorithms import DRaFT, make_algorithm
 from diffusion_rl.config import RunConfig, save_config
-from diffusion_rl.evaluation import evaluate
+from diffusion_rl.evaluation import check_sharded_evaluation, evaluate
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.losses import gaussian_kl, normalized_log_ratio, ppo_clip_loss
 from diffusion_rl.pipelines import PromptEmbeds, make_adapter, run_pipeline
@@ -44,10 +45,8 @@ class Trainer:
     """Builds a run from its config (accelerator, rewards, pipeline, algorithm, policy), then trains it."""
 
     def __init__(self, cfg: RunConfig, *, accelerator: Any = None, pipeline: Any = None, algorithm: Any = None) -> None:
-        from accelerate import Accelerator
-
         self.cfg = cfg
-        self.accelerator = acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision)
+        self.accelerator = acc = accelerator or make_accelerator(cfg)
         # everything a user can get wrong in the config is checked before the (slow) pipeline load
         sharding.check_divisible(cfg.sample, cfg.train, acc.num_processes)
         self.train_prompts = cfg.prompts.load("train")
@@ -63,12 +62,12 @@ class Trainer:
         self.algorithm = algorithm or make_algorithm(cfg, self.rewards.train, self.rewards.pairwise)
         self.policy = Policy(cfg, self.adapter, acc)
         self.trainable, self.ema = self.policy.trainable, self.policy.ema
+        check_sharded_evaluation(cfg, len(self.eval_prompts), self.policy.sharded, acc.num_processes)
         self.probe = Probe(cfg.train)
         self._embed_cache: dict[str, PromptEmbeds] = {}
         self.iteration = 0
         self.history: list[dict[str, Any]] = []
         self.last_images: torch.Tensor | None = None  # the last iteration's samples, for the grids
-        self._trackers: list[Any] = []
         if resume is not None:
             self._restore(*resume)
             if acc.is_main_process:
@@ -103,7 +102,7 @@ class Trainer:
         slot_prompts, prompts, slots, sample_ids = self.local_prompts(it)
         embeds = self.embeds_for(prompts)
         sde = sharding.sde_steps(cfg.sample, cfg.train.seed, it)
-        model = self.policy.unwrapped.eval()
+        model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
         parts = []
         for start in range(0, len(slots), cfg.sample.batch_size):
             sl = slice(start, start + cfg.sample.batch_size)
@@ -216,7 +215,7 @@ class Trainer:
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out_dir / "config.yaml")
-            self._trackers = reporting.open_trackers(cfg.log, self.out_dir, cfg.to_dict())
+        reporting.open_trackers(self.accelerator, cfg)
         if self.iteration == 0 and self.eval_prompts and cfg.log.eval_at_start:
             self.log({"iteration": 0, **self.evaluate("_start")})
         iters = range(self.iteration, cfg.train.iterations)
@@ -232,8 +231,9 @@ class Trainer:
                 metrics.update(self.evaluate())
                 last_eval = self.iteration
             if cfg.log.grid_every and self.iteration % cfg.log.grid_every == 0 and main:
-                reporting.save_grid(self.last_images[: cfg.log.max_grid_images],
-                                    self.out_dir / "grids" / f"train_{self.iteration:06d}.png", ncol=cfg.sample.group_size)
+                grid = reporting.save_grid(self.last_images[: cfg.log.max_grid_images], self.out_dir / "grids" /
+                                           f"train_{self.iteration:06d}.png", ncol=cfg.sample.group_size)
+                reporting.log_image(self.accelerator, "train/samples", grid, self.iteration)
             self.log({"iteration": self.iteration, **metrics})
             if hasattr(iters, "set_postfix"):
                 iters.set_postfix({k.split("/")[-1]: round(v, 4) for k, v in metrics.items() if k.startswith("reward/")
@@ -248,16 +248,20 @@ class Trainer:
         self.export()
         if main:
             reporting.plot_curves(self.history, self.out_dir / "reward_curve.png")
+            reporting.close_trackers(self.accelerator)
         return self.history
 
     def evaluate(self, tag: str = "") -> dict[str, float]:
-        return evaluate(self.cfg, self.policy, self.adapter, self.kernel, self.eval_prompts, self.rewards.eval,
-                        self.embeds_for, self.out_dir / f"eval_grid{tag}.png")
+        out = evaluate(self.cfg, self.policy, self.adapter, self.kernel, self.eval_prompts, self.rewards.eval,
+                       self.embeds_for, self.out_dir / f"eval_grid{tag}.png")
+        reporting.log_image(self.accelerator, "eval/samples", self.out_dir / f"eval_grid{tag}.png", self.iteration)
+        return out
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
         if self.accelerator.is_main_process:
-            reporting.append_metrics(self.out_dir, metrics, self._trackers)
+            reporting.append_metrics(self.out_dir, metrics)
+            self.accelerator.log({k: v for k, v in metrics.items() if k != "iteration"}, step=metrics["iteration"])
 
     def checkpoint_state(self) -> dict[str, Any]:
         return checkpointing.training_state(self.policy, self.algorithm, self.iteration, self.history, self.cfg.to_dict())
@@ -284,7 +288,7 @@ class Trainer:
         """Save the trained model for inference to `path` (default final/): a LoRA folder for
         `pipe.load_lora_weights`, or a full pipeline folder for `DiffusionPipeline.from_pretrained`."""
         path = Path(path or self.out_dir / "final")
-        if self.accelerator.is_main_process:
+        if self.accelerator.is_main_process or self.policy.sharded:  # sharded weights are gathered by all
             self.policy.export(path, self.adapter, self.cfg.model.lora)
         return path
 
