@@ -28,6 +28,12 @@ OWLV2_CHECKPOINT = "google/owlv2-base-patch16-ensemble"
 class CompositionalReward(Reward):
     name = "geneval"
     requires_prompt = True
+    # Precision: a detector's trunk may run in bf16; OWLv2's class head (with its learned logit
+    # shift/scale) and box head stay fp32, since their sigmoid outputs are thresholded into the score.
+    keep_fp32 = (
+        "detector_module.model.class_head", "detector_module.model.box_head", "detector_module.model.box_bias",
+        "detector_module.model.objectness_head",
+    )
 
     def __init__(
         self,
