@@ -169,3 +169,28 @@ def test_a_real_logit_scale_of_100_survives_bf16(name, path):
     reward = reward.to(dtype=torch.bfloat16)
     scale = reward.get_submodule(path).logit_scale
     torch.testing.assert_close(scale.exp(), torch.tensor(100.0), rtol=1e-6, atol=0)
+
+
+class _TrunkHead(mmreward.Reward):
+    keep_fp32 = ("head", "scale", "missing.path")  # a path this reward lacks is skipped
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = torch.nn.Linear(3, 4)
+        self.head = torch.nn.Linear(4, 1)
+        self.register_buffer("scale", torch.tensor(1 / 3))
+
+    def _score(self, prompts, media):
+        x = media.mean(dim=(-1, -2)).to(self.dtype)
+        return mmreward.RewardOutput(self.head(self.trunk(x)).squeeze(-1) * self.scale)
+
+
+def test_keep_fp32_holds_through_half_and_buffers_and_feeds_the_head_fp32():
+    reward = _TrunkHead()
+    head_weight, scale = reward.head.weight.detach().clone(), reward.scale.clone()
+    reward = reward.half()
+    assert reward.dtype == torch.float16 and reward.trunk.weight.dtype == torch.float16
+    assert reward.head.weight.dtype == torch.float32 and torch.equal(reward.head.weight, head_weight)
+    assert reward.scale.dtype == torch.float32 and torch.equal(reward.scale, scale)
+    out = reward.score(["x"] * 2, torch.rand(2, 3, 8, 8))  # fp16 trunk output enters the fp32 head
+    assert torch.isfinite(out.scores).all()
