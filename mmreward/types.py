@@ -136,6 +136,18 @@ def normalize_prompts(prompts: Prompts, batch_size: int, required: bool = True) 
     return prompts
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _inputs_to_fp32(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook of a `keep_fp32` submodule: bf16/fp16 activations from the rest enter it as fp32."""
+
+    def cast(v: Any) -> Any:
+        return v.float() if isinstance(v, torch.Tensor) and v.dtype in _HALF_DTYPES else v
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+
 class Reward(torch.nn.Module):
     """Base class of every reward.
 
@@ -162,6 +174,11 @@ class Reward(torch.nn.Module):
     # The attention backend this reward's models run ('sdpa', 'xformers', 'flash', 'math'), set by
     # `mmreward.attention` when the reward is loaded; None when nothing in it runs attention.
     attention_backend: str | None = None
+    # Submodules or parameters (dotted paths from the reward) that stay float32 when the reward is cast
+    # to bf16/fp16, where the originals keep fp32 on GPU: logit scales (exp of a bf16 ln(100) is off by
+    # 1-2%), final heads whose outputs are the scores, thresholded detectors. A kept submodule casts its
+    # bf16/fp16 inputs to fp32 itself; `dtype` (the compute dtype inputs are cast to) ignores them.
+    keep_fp32: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, micro_batch_size: int = 32) -> None:
         super().__init__()
@@ -182,6 +199,57 @@ class Reward(torch.nn.Module):
             args = (check_device(args[0]), *args[1:])
         return super().to(*args, **kwargs)
 
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Reward:
+        # Every cast (.to, .half, .bfloat16) goes through _apply. The fp32 islands get their values from
+        # before the cast back: a round trip through bf16 would already have rounded them.
+        slots = self._fp32_slots()
+        before = {(id(m), k): m._parameters.get(k, m._buffers.get(k)).data for m, k in slots}
+        super()._apply(fn, recurse)
+        for m, k in slots:
+            t, old = m._parameters.get(k, m._buffers.get(k)), before[(id(m), k)]
+            if t is None or t.dtype not in _HALF_DTYPES or old.dtype != torch.float32:
+                continue
+            value = old.detach().to(device=t.device)
+            if k in m._parameters:
+                t.data = value
+                if t.grad is not None:
+                    t.grad.data = t.grad.data.float()
+            else:
+                m._buffers[k] = value
+        for target in self._fp32_targets():
+            if isinstance(target, torch.nn.Module) and not getattr(target, "_mmreward_fp32_inputs", False):
+                target.register_forward_pre_hook(_inputs_to_fp32, with_kwargs=True)
+                target._mmreward_fp32_inputs = True
+        return self
+
+    def _fp32_targets(self) -> list[tuple[torch.nn.Module, str] | torch.nn.Module]:
+        """What `keep_fp32` names: submodules, or (owner, name) of a parameter or buffer; paths this
+        instance lacks (e.g. an optional head) are skipped."""
+        out: list[tuple[torch.nn.Module, str] | torch.nn.Module] = []
+        for path in self.keep_fp32:
+            owner_path, _, attr = path.rpartition(".")
+            try:
+                owner = self.get_submodule(owner_path)
+            except AttributeError:
+                continue
+            target = getattr(owner, attr, None)
+            if isinstance(target, torch.nn.Module):
+                out.append(target)
+            elif isinstance(target, torch.Tensor):
+                out.append((owner, attr))
+        return out
+
+    def _fp32_slots(self) -> list[tuple[torch.nn.Module, str]]:
+        """(module, name) of every parameter and buffer kept in fp32."""
+        out: list[tuple[torch.nn.Module, str]] = []
+        for target in self._fp32_targets():
+            if isinstance(target, tuple):
+                out.append(target)
+                continue
+            for m in target.modules():
+                out.extend((m, k) for k, t in [*m._parameters.items(), *m._buffers.items()] if t is not None)
+        return out
+
     @property
     def device(self) -> torch.device:
         for t in self.parameters():
@@ -192,8 +260,10 @@ class Reward(torch.nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The compute dtype: that of the first floating parameter outside `keep_fp32`."""
+        kept = {id(m._parameters.get(k)) for m, k in self._fp32_slots()}
         for t in self.parameters():
-            if t.is_floating_point():
+            if t.is_floating_point() and id(t) not in kept:
                 return t.dtype
         return torch.float32
 
@@ -211,11 +281,14 @@ class Reward(torch.nn.Module):
         return "drop" if self.image_alpha == "drop_first" else "keep"
 
     def prepare(self, media: Any, value_range: tuple[float, float] | None = None):
-        """Convert any accepted media into this reward's tensor convention, device and dtype."""
+        """Convert any accepted media into this reward's tensor convention and device, in float32 at least.
+
+        A bf16/fp16 reward still gets float32 media: preprocessing (resize, mean/std) runs in fp32 as on the
+        originals, and each family casts the preprocessed pixels to its compute dtype."""
         modality = self.modalities[0] if len(self.modalities) == 1 else "auto"
         batch = media_io.to_batch(media, modality=modality, value_range=value_range, device=self.device,
                                   alpha=self.media_alpha)
-        dtype = self.dtype
+        dtype = torch.promote_types(self.dtype, torch.float32)
         if isinstance(batch, torch.Tensor):
             return batch.to(dtype)
         return [t.to(dtype) for t in batch]

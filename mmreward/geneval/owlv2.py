@@ -15,7 +15,8 @@ import torch
 from mmreward.geneval import Detection
 
 
-class OWLv2Detector:
+class OWLv2Detector(torch.nn.Module):
+    # a Module so that the reward's .to(device, dtype) reaches the detector's weights
     def __init__(
         self,
         model: torch.nn.Module,
@@ -25,6 +26,7 @@ class OWLv2Detector:
         min_score: float = 0.05,
         nms_iou: float = 0.3,
     ) -> None:
+        super().__init__()
         self.model, self.processor = model, processor
         self.query_template, self.min_score, self.nms_iou = query_template, min_score, nms_iou
 
@@ -39,7 +41,9 @@ class OWLv2Detector:
         width = max(1, max(len(n) for n in names))
         # every image gets the same number of queries; padding queries are dropped below
         queries = [[self.query_template.format(n) for n in ns] + [" "] * (width - len(ns)) for ns in names]
-        inputs = self.processor(text=queries, images=pil, return_tensors="pt").to(self.model.device)
+        inputs = self.processor(text=queries, images=pil, return_tensors="pt").to(
+            device=self.model.device, dtype=self.model.dtype
+        )
         with torch.no_grad():
             outputs = self.model(**inputs)
         sides = [max(p.size) for p in pil]

@@ -78,7 +78,8 @@ class ClipBackbone(torch.nn.Module):
 
     @property
     def _param(self) -> torch.Tensor:
-        return next(self.parameters())
+        # skip the 0-dim logit_scale (CLIPModel's first parameter), which a reward may keep in fp32
+        return next(p for p in self.parameters() if p.ndim > 0)
 
     def image_features(self, media: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         """Media in [0, 1] -> projected image embeddings (B, D), computed in the model's dtype."""

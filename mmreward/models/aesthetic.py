@@ -46,6 +46,9 @@ class Aesthetic(Reward):
     name = "aesthetic"
     differentiable = True
     requires_prompt = False
+    # Precision: the CLIP tower may run in bf16; the L2 norm and the MLP head, whose output is the score,
+    # run in fp32 (a bf16 head output alone is off by 0.4% of the score, more than the batch's spread).
+    keep_fp32 = ("head",)
 
     def __init__(self, backbone, head: AestheticHead, micro_batch_size: int = 32) -> None:
         super().__init__(micro_batch_size=micro_batch_size)
@@ -54,7 +57,7 @@ class Aesthetic(Reward):
 
     def _score(self, prompts: list[str], media) -> RewardOutput:
         emb = F.normalize(self.backbone.image_features(media).float(), dim=-1)
-        return RewardOutput(self.head(emb.to(self.head.layers[0].weight.dtype)).squeeze(-1).float())
+        return RewardOutput(self.head(emb).squeeze(-1))
 
     @property
     def image_alpha(self) -> str:

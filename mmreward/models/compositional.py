@@ -30,6 +30,12 @@ class CompositionalReward(Reward):
     name = "geneval"
     requires_prompt = True
     accepts_metadata = True  # a GenEval metadata row states the clauses; the prompt is then not parsed
+    # Precision: a detector's trunk may run in bf16; OWLv2's class head (with its learned logit
+    # shift/scale) and box head stay fp32, since their sigmoid outputs are thresholded into the score.
+    keep_fp32 = (
+        "detector_module.model.class_head", "detector_module.model.box_head", "detector_module.model.box_bias",
+        "detector_module.model.objectness_head",
+    )
 
     def __init__(
         self,

@@ -46,6 +46,10 @@ def _import_mtcnn():
 class FaceReward(Reward):
     name = "face-mtcnn"
     requires_prompt = False
+    # Precision: MTCNN stays fp32 whatever the reward's dtype. It is a cascade of three tiny CNNs whose
+    # outputs are thresholded and NMS-ed (facenet-pytorch's NMS has no bf16 kernel): bf16 would flip
+    # windows across thresholds and save nothing.
+    keep_fp32 = ("mtcnn",)
 
     def __init__(
         self,

@@ -293,6 +293,9 @@ def vit_geometry(sd: dict[str, torch.Tensor], head_width: int = 64, prefix: str 
 class ImageReward(Reward):
     name = "imagereward"
     differentiable = True
+    # Precision: BLIP may run in bf16; the MLP head whose output is the score (and its mean/std
+    # normalisation) runs in fp32 on the [CLS] state, as the head is a few thousand weights.
+    keep_fp32 = ("model.mlp",)
 
     def __init__(self, model: ImageRewardModel, tokenizer, preprocess, micro_batch_size: int = 32,
                  cache_size: int = 4096) -> None:

@@ -37,6 +37,9 @@ class PickScore(Reward):
     name = "pickscore"
     differentiable = True
     compare_temperature = 1.0  # softmax over a pair == sigmoid(s_a - s_b)
+    # Precision: the towers may run in bf16; exp(logit_scale) multiplies every score, so it stays fp32,
+    # and the cosine is taken in fp32 from the embeddings.
+    keep_fp32 = ("backbone.model.logit_scale",)
 
     def __init__(self, backbone, micro_batch_size: int = 32) -> None:
         super().__init__(micro_batch_size=micro_batch_size)

@@ -127,6 +127,9 @@ class CLIPProbeRealism(Reward):
     name = "univfd"
     differentiable = True
     requires_prompt = False
+    # Precision: the CLIP tower may run in bf16; the linear probe and its sigmoid/softmax run in fp32,
+    # since the probe's logit is the score before a squashing that flattens bf16 steps unevenly.
+    keep_fp32 = ("fc",)
 
     def __init__(
         self,

@@ -23,6 +23,9 @@ def build_head(dim: int, hidden: int = 64) -> torch.nn.Sequential:
 
 class AestheticHeadReward(Reward):
     name = "shapesworld-aesthetic"
+    # Precision: the vision tower may run in bf16 on fp32-preprocessed pixels; the L2 norm and the
+    # head, whose output is the score, run in fp32.
+    keep_fp32 = ("head",)
     differentiable = True
     requires_prompt = False
 
@@ -35,8 +38,8 @@ class AestheticHeadReward(Reward):
     def embed(self, media: torch.Tensor) -> torch.Tensor:
         from mmreward.synthetic.models import normalize_images
 
-        emb = self.vision(pixel_values=normalize_images(media, self.image_size)).image_embeds
-        return torch.nn.functional.normalize(emb, dim=-1)
+        emb = self.vision(pixel_values=normalize_images(media, self.image_size).to(self.dtype)).image_embeds
+        return torch.nn.functional.normalize(emb.float(), dim=-1)
 
     def _score(self, prompts, media):
         if isinstance(media, list):

@@ -18,6 +18,9 @@ from mmreward.types import Reward, RewardOutput
 class CLIPPreferenceReward(Reward):
     name = "shapesworld-pref"
     differentiable = True
+    # Precision: the towers may run in bf16 on fp32-preprocessed pixels; exp(logit_scale) multiplies every
+    # score, so it stays fp32, and the cosine is taken in fp32.
+    keep_fp32 = ("model.logit_scale",)
 
     def __init__(self, model, tokenizer, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -35,12 +38,12 @@ class CLIPPreferenceReward(Reward):
             ])
         tok = self.tokenizer(prompts, padding="max_length", max_length=TEXT_LENGTH, truncation=True,
                              return_tensors="pt").to(self.device)
-        img = self.model.get_image_features(pixel_values=normalize_images(media, self.image_size))
+        img = self.model.get_image_features(pixel_values=normalize_images(media, self.image_size).to(self.dtype))
         txt = self.model.get_text_features(input_ids=tok.input_ids, attention_mask=tok.attention_mask)
         img = getattr(img, "pooler_output", img)
         txt = getattr(txt, "pooler_output", txt)
-        cos = torch.nn.functional.cosine_similarity(img, txt, dim=-1)
-        return RewardOutput(self.model.logit_scale.exp() * cos, {"cosine": cos})
+        cos = torch.nn.functional.cosine_similarity(img.float(), txt.float(), dim=-1)
+        return RewardOutput(self.model.logit_scale.float().exp() * cos, {"cosine": cos})
 
 
 def load_clip_folder(checkpoint: str | None, weights: str):

@@ -112,6 +112,9 @@ class QwenVLHeadReward(Reward):
 
     requires_prompt = True
     media_kind = "image"
+    # Precision: the VLM may run in bf16 (as the originals do on GPU); the reward head reads its hidden
+    # states in fp32, since its outputs are the scores (and HPSv3's mu/sigma).
+    keep_fp32 = ("rm_head",)
 
     def __init__(self, vlm, processor, rm_head: nn.Module, token_ids: list[int], *, min_pixels: int,
                  max_pixels: int, micro_batch_size: int = 4) -> None:

@@ -171,6 +171,8 @@ def make_head(kind: str, dim: int) -> nn.Module | None:
 class PreferenceHeadReward(Reward):
     name = "preference-head"
     differentiable = True
+    # Precision: the backbone may run in bf16; the trained head reads fp32 normalised features
+    keep_fp32 = ("head",)
 
     def __init__(self, backbone: nn.Module, head_kind: str, head: nn.Module | None, **kwargs) -> None:
         super().__init__(**kwargs)
