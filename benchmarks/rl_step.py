@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "batch_size": args.batch},
         "train": {"iterations": 1, "timestep_fraction": 0.3, "micro_batch_size": args.batch, "probe": "off",
                   "kl_beta": 0.0, "max_grad_norm": 1.0},
+        "reward": {"rewards": {"mock": 1.0}},
         "prompts": {"train": ["a red circle"]},
         "log": {"output_dir": f"{tmp.name}/run", "progress": False},
     })

@@ -1,7 +1,9 @@
 """`diffusion-rl` command line: one subcommand per entry point, each a `main(argv)` callable from tests.
 
     diffusion-rl train --config configs/shapes_grpo.yaml [section.key=value ...]
-    diffusion-rl config --preset flow_grpo            # print a resolved config as YAML
+    diffusion-rl config --preset flow_grpo reward.rewards='{pickscore: 1}'   # print a resolved config as YAML
+    diffusion-rl config --config configs/flow_grpo_sd35_ocr.yaml --check    # resolve it offline, weights aside
+    diffusion-rl config --help-keys                   # every key with its type, default and help
     accelerate launch --num_processes 2 -m diffusion_rl train --config FILE   # data parallel
 """
 
@@ -26,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("config", help="print the resolved configuration (preset < file < overrides) as YAML")
     show.add_argument("--config", help="YAML file")
     show.add_argument("--preset", help="start from this preset")
+    show.add_argument("--check", action="store_true",
+                      help="resolve the config offline (types, presets, reward names and options, prompt files, "
+                           "pipeline) without loading weights; print OK and a summary")
+    show.add_argument("--num-processes", type=int, default=1,
+                      help="with --check: the number of processes the run will use (e.g. 8 GPUs)")
+    show.add_argument("--help-keys", action="store_true", help="list every key with its type, default and help")
     show.add_argument("overrides", nargs="*", help="section.key=value overrides")
     from diffusion_rl.inference.cli import add_subcommands
 
@@ -50,11 +58,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return inference_cli.run(args)
     from diffusion_rl.config import load_config
 
+    if args.command == "config" and args.help_keys:
+        from diffusion_rl.config_check import config_keys, format_keys
+
+        print(format_keys(config_keys()))
+        return 0
     overrides = list(args.overrides)
     if getattr(args, "preset", None):
         overrides.insert(0, f"preset={args.preset}")
     try:
         cfg = load_config(args.config, overrides)
+        if args.command == "config" and args.check:
+            from diffusion_rl.config_check import check_config
+
+            summary = check_config(cfg, args.num_processes)
+            print(f"OK {args.config or '(no file)'}: resolves offline (weights are loaded at train time)")
+            print("\n".join("  " + line for line in summary))
+            return 0
         if args.command == "config":
             print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             return 0

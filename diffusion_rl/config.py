@@ -26,10 +26,12 @@ if typing.TYPE_CHECKING:
     from mmreward.prompt_sources import PromptList
 
 
-def _f(default, help: str, **kw):
+def _f(default, help: str, *, required: bool = False, **kw):
+    """A config field with its help string; `required` fields have no usable default (help-keys says so)."""
+    meta = {"help": help, "required": required}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
 
 
 def _describe(tp: Any) -> str:
@@ -137,7 +139,8 @@ def _unit(name: str, value: float) -> None:
 
 @dataclass
 class ModelConfig:
-    pretrained: str = _f("", "diffusers pipeline folder or hub id (SD 1.x/2.x, SDXL, SD3/3.5, FLUX)")
+    pretrained: str = _f("", "diffusers pipeline folder or hub id (SD 1.x/2.x, SDXL, SD3/3.5, FLUX); in a YAML file a "
+                         "folder is relative to the file", required=True)
     dtype: str = _f("float32", "dtype of the frozen weights: float32, bfloat16 or float16")
     height: int | None = _f(None, "image height (default: the model's native size)")
     width: int | None = _f(None, "image width (default: the model's native size)")
@@ -203,7 +206,8 @@ class SampleConfig:
 
 @dataclass
 class RewardConfig:
-    rewards: dict[str, float] = _f({"mock": 1.0}, "reward name (mmreward.load) -> weight")
+    rewards: dict[str, float] = _f({}, "reward name (mmreward.load, see `mmreward list`) -> weight; required",
+                                   required=True)
     options: dict[str, dict] = _f({}, "reward name -> options for mmreward.load (checkpoint, weights, ...)")
     aggregation: str = _f("reward", "combine rewards before ('reward') or after ('advantage') normalisation")
     eval_rewards: list[str] | None = _f(None, "rewards reported on held-out prompts (default: the training rewards)")
@@ -214,7 +218,12 @@ class RewardConfig:
     def __post_init__(self) -> None:
         _validate_types(self, "reward")
         if not self.rewards:
-            raise ConfigError("reward.rewards must name at least one reward, e.g. {'pickscore': 1.0}")
+            # no silent default: a run on a placeholder reward looks like a run and learns nothing
+            raise ConfigError(
+                "reward.rewards is not set: name the reward(s) to train on with their weights, e.g. "
+                "`reward: {rewards: {pickscore: 1.0}}` in the YAML or reward.rewards='{pickscore: 1.0}' on the "
+                "command line (`mmreward list` shows the names)"
+            )
         _choice("reward.aggregation", self.aggregation, ["reward", "advantage"])
         _choice("reward.win_mode", self.win_mode, ["hard", "soft"])
         unknown = set(self.options) - set(self.rewards) - set(self.eval_rewards or []) - {self.pairwise}
@@ -269,7 +278,8 @@ class TrainConfig:
     seed: int = _f(42, "seed of the counter-based noise and prompt order")
     probe: str = _f("warn", "before each update check that recomputed log-probs equal the rollout's: warn, error or off")
     probe_tolerance: float = _f(1e-4, "max |log ratio| allowed by the probe at ratio 1")
-    resume_from: str | None = _f(None, "checkpoint folder to resume from, or 'latest' in log.output_dir")
+    resume_from: str | None = _f(None, "checkpoint folder to resume from (relative to the current directory, like "
+                                 "log.output_dir), or 'latest' in log.output_dir")
     backprop_steps: int = _f(1, "draft: backpropagate the reward through the last K sampling steps (DRaFT-K)")
     backprop_strategy: str = _f("fixed", "draft: 'fixed' K (DRaFT) or K uniform in [1, backprop_steps] per iteration (AlignProp)")
 
@@ -311,7 +321,7 @@ class PromptsConfig:
         ["a red square", "a blue circle"],
         "training prompts: a list, a text file (one per line), a .jsonl of {prompt, <metadata>} rows (GenEval's "
         "evaluation_metadata.jsonl), a datasets save_to_disk folder, hf:org/name[:split] or "
-        "{dataset, split, column} (see mmreward.prompt_sources)",
+        "{dataset, split, column} (see mmreward.prompt_sources); in a YAML file, paths are relative to the file",
     )
     eval: list[str | dict[str, Any]] | str | dict[str, Any] | None = _f(
         None, "held-out prompts: any source prompts.train accepts (None: no evaluation)"
@@ -335,7 +345,8 @@ TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvc
 
 @dataclass
 class LogConfig:
-    output_dir: str = _f("runs/diffusion_rl", "where metrics.jsonl, grids, curves and checkpoints go")
+    output_dir: str = _f("runs/diffusion_rl", "where metrics.jsonl, grids, curves and checkpoints go (relative to the "
+                         "current directory, also in a YAML file: outputs go where you run)")
     eval_every: int = _f(10, "iterations between evaluations (0: only at the start and end)")
     eval_at_start: bool = _f(True, "evaluate before training (the baseline; deterministic, so it can be skipped on reruns)")
     save_every: int = _f(0, "iterations between checkpoints (0: only at the end)")
@@ -443,7 +454,7 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
     unknown = set(data) - set(_SECTION_CLASSES) - {"preset"}
     if unknown:
         raise ConfigError(f"unknown config sections {sorted(unknown)}; valid: preset, {', '.join(_SECTION_CLASSES)}")
-    sections = {}
+    checked = {}
     for name, cls in _SECTION_CLASSES.items():
         values = data.get(name) or {}
         if not isinstance(values, Mapping):
@@ -452,7 +463,10 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
         bad = set(values) - set(fields)
         if bad:
             raise ConfigError(f"unknown keys in '{name}': {sorted(bad)}; valid keys: {sorted(fields)}")
-        sections[name] = cls(**values)
+        checked[name] = values
+    # the reward section last: a missing reward.rewards is reported after any mistake in the other sections
+    order = [n for n in _SECTION_CLASSES if n != "reward"] + ["reward"]
+    sections = {name: _SECTION_CLASSES[name](**checked[name]) for name in order}
     return RunConfig(preset=preset, **sections)
 
 
@@ -491,6 +505,58 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+# reward options that name files or folders (checkpoints), resolved like the other inputs of a YAML file
+_PATH_OPTION = re.compile(r"(checkpoint|path|dir|file)$|_(path|dir|file)$")
+
+
+def _relative_to(base: Path, value: str, *, must_exist: bool) -> str:
+    """`value` resolved against the YAML file's folder `base` when it is a relative path.
+
+    Explicit relative paths ("./x", "../x") always resolve against `base`. A bare "a/b" is also a valid hub id
+    ("org/name"), so it resolves against `base` only where that path exists (`must_exist`), and otherwise
+    stays as written for the hub loader. Absolute paths, "~" and prefixed sources ("hf-hub:", "name:tag")
+    are left alone."""
+    if not value or Path(value).is_absolute() or value.startswith("~"):
+        return value
+    explicit = value.startswith(("./", "../")) or value in (".", "..")
+    candidate = base / value
+    if explicit or not must_exist or candidate.exists():
+        return str(candidate.resolve())
+    return value
+
+
+def resolve_yaml_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The inputs named in a YAML file, resolved against the file's folder `base` (a copy of `data`).
+
+    Inputs: model.pretrained, prompts.train / prompts.eval when they are file names, and reward options that
+    name a checkpoint or file. Outputs (log.output_dir, and train.resume_from, which points into an earlier
+    run's output_dir) stay relative to the current directory, as do values given on the command line.
+    Values of the wrong type are left for the dataclasses to report."""
+    data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("pretrained"), str):
+        model["pretrained"] = _relative_to(base, model["pretrained"].strip(), must_exist=True)
+    prompts = data.get("prompts")
+    if isinstance(prompts, dict):
+        for key in ("train", "eval"):
+            if isinstance(prompts.get(key), str):  # a string is always a file (a list holds the prompts)
+                prompts[key] = _relative_to(base, prompts[key], must_exist=False)
+    reward = data.get("reward")
+    if isinstance(reward, dict) and isinstance(reward.get("options"), Mapping):
+        options = {}
+        for name, opts in reward["options"].items():
+            if isinstance(opts, Mapping):
+                opts = dict(opts)
+                for key, value in opts.items():
+                    if isinstance(key, str) and _PATH_OPTION.search(key) and isinstance(value, str):
+                        prefix = "local-dir:" if value.startswith("local-dir:") else ""
+                        resolved = _relative_to(base, value[len(prefix):], must_exist=not prefix)
+                        opts[key] = prefix + resolved
+            options[name] = opts
+        reward["options"] = options
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     data: dict[str, Any] = {}
     if path is not None:
@@ -509,6 +575,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r}: the top level must be a mapping of sections "
                               f"(model, sample, ...), got {type(data).__name__}")
+        data = resolve_yaml_paths(data, p.resolve().parent)
     return from_dict(_merge(data, parse_overrides(overrides)))
 
 

@@ -264,8 +264,8 @@ def test_trainer_passes_prompt_metadata_to_rewards_that_read_it(tmp_path):
     })
     trainer = Trainer(cfg)
     spy = _SpyReward()
-    trainer.rewards = {"mock": spy}  # under the configured name, which the advantages weight
-    trainer.eval_rewards = {"mock": spy}
+    trainer.rewards.train = {"mock": spy}  # under the configured name, which the advantages weight
+    trainer.rewards.eval = {"mock": spy}
     trainer.train_iteration(0)
     prompts, metadata = spy.seen[-1]
     assert len(prompts) == 4 and metadata == [{"value": next(r["value"] for r in rows if r["prompt"] == p)}

@@ -16,6 +16,8 @@ from accelerate.tracking import GeneralTracker
 
 from diffusion_rl.checkpointing import read_checkpoint
 from diffusion_rl.config import from_dict
+
+MOCK = {"reward": {"rewards": {"mock": 1.0}}}  # a config must name its reward
 from diffusion_rl.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +40,7 @@ def _cfg(pipe: str, out: Path, **train) -> dict:
                   "timestep_fraction": 0.5, **train},
         "prompts": {"train": PROMPTS},
         "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
+        **MOCK,
     }
 
 
@@ -57,9 +60,9 @@ def test_launch_mixed_precision_is_honoured_unless_the_config_sets_it(monkeypatc
     from diffusion_rl.accelerator import make_accelerator
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    assert make_accelerator(from_dict({})).mixed_precision == "bf16"
+    assert make_accelerator(from_dict(MOCK)).mixed_precision == "bf16"
     AcceleratorState._reset_state(reset_partial_state=True)
-    assert make_accelerator(from_dict({"train": {"mixed_precision": "no"}})).mixed_precision == "no"
+    assert make_accelerator(from_dict({**MOCK, "train": {"mixed_precision": "no"}})).mixed_precision == "no"
 
 
 class Recorder(GeneralTracker):
@@ -116,14 +119,14 @@ def test_trackers_get_config_metrics_grids_and_are_closed(sd3, tmp_path):
 def test_tracker_config_keys():
     from diffusion_rl.accelerator import tracker_init_kwargs
 
-    log = from_dict({"log": {"trackers": ["wandb"], "run_name": "r1", "tags": ["sd3", "grpo"]}}).log
+    log = from_dict({**MOCK, "log": {"trackers": ["wandb"], "run_name": "r1", "tags": ["sd3", "grpo"]}}).log
     assert tracker_init_kwargs(log) == {"wandb": {"name": "r1", "tags": ["sd3", "grpo"]}}
-    assert from_dict({"log": {"tensorboard": True, "trackers": ["tensorboard", "aim"]}}).log.all_trackers() == [
+    assert from_dict({**MOCK, "log": {"tensorboard": True, "trackers": ["tensorboard", "aim"]}}).log.all_trackers() == [
         "tensorboard", "aim"]
     from mmreward.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"log.trackers\[\] must be one of"):
-        from_dict({"log": {"trackers": ["tensorbord"]}})
+        from_dict({**MOCK, "log": {"trackers": ["tensorbord"]}})
 
 
 @pytest.mark.parametrize("name,kind,check", [

@@ -41,6 +41,7 @@ def _cfg(pipe_dir: str, kind: str, algo: str, out: Path, **train) -> dict:
         "train": {"algorithm": algo, "iterations": 1, "learning_rate": 1e-2, "probe": "error", "timestep_fraction": 0.5,
                   "kl_beta": 0.01 if algo == "grpo" else 0.0, "ratio_norm": algo == "pref_grpo", **train},
         "advantage": {"per_prompt_tracking": algo == "ddpo", "min_count": 2},
+        "reward": {"rewards": {"mock": 1.0}},
         "prompts": {"train": PROMPTS},
         "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
     }
@@ -99,24 +100,27 @@ def test_probe_stops_when_training_path_disagrees(pipes, tmp_path):
         trainer.update(batch)
 
 
+MOCK = {"reward": {"rewards": {"mock": 1.0}}}
+
+
 def test_config_validation_presets_and_overrides(tmp_path):
     with pytest.raises(ConfigError, match="group_size must be at least 2 for grpo"):
-        from_dict({"sample": {"group_size": 1}})
+        from_dict({"sample": {"group_size": 1}, **MOCK})
     with pytest.raises(ConfigError, match=r"unknown keys in 'train': \['lr'\]"):
         from_dict({"train": {"lr": 1.0}})
     with pytest.raises(ConfigError, match="preset 'nope' is unknown"):
         from_dict({"preset": "nope"})
     with pytest.raises(ConfigError, match="sde_window"):
-        from_dict({"sample": {"num_steps": 4, "sde_window": [2, 9]}})
-    cfg = from_dict({"preset": "flow_grpo", "train": {"kl_beta": 0.01}})
+        from_dict({"sample": {"num_steps": 4, "sde_window": [2, 9]}, **MOCK})
+    cfg = from_dict({"preset": "flow_grpo", "train": {"kl_beta": 0.01}, **MOCK})
     # Flow-GRPO's published SD3.5 defaults, with the user's override on top
     assert (cfg.sample.num_steps, cfg.sample.noise_level, cfg.sample.group_size, cfg.sample.guidance_scale) == (10, 0.7, 24, 4.5)
     assert (cfg.train.clip_range, cfg.train.timestep_fraction, cfg.train.kl_beta, cfg.model.lora_rank) == (1e-4, 0.99, 0.01, 32)
-    dance = from_dict({"preset": "dance_grpo"})
+    dance = from_dict({"preset": "dance_grpo", **MOCK})
     assert (dance.sample.kernel, dance.sample.noise_level, dance.sample.group_size, dance.train.timestep_fraction) == ("dance_sde", 0.3, 12, 0.6)
     assert parse_overrides(["sample.sde_window=[0, 3]", "train.lr=1e-4"]) == {"sample": {"sde_window": [0, 3]}, "train": {"lr": 1e-4}}
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"preset": "ddpo", "train": {"iterations": 3}}))
+    path.write_text(yaml.safe_dump({"preset": "ddpo", "train": {"iterations": 3}, **MOCK}))
     cfg = load_config(path, ["train.iterations=5"])
     assert (cfg.train.iterations, cfg.sample.kernel, cfg.sample.num_steps) == (5, "ddim", 50)
 
@@ -129,7 +133,7 @@ def test_cli_train_and_config(pipes, tmp_path, capsys):
     assert main(["train", "--config", str(path), "prompts.eval=[a red square]", "train.iterations=1"]) == 0
     assert "eval/mock" in capsys.readouterr().out
     assert (tmp_path / "out" / "eval_grid_start.png").is_file()
-    assert main(["config", "--preset", "pref_grpo"]) == 0
+    assert main(["config", "--preset", "pref_grpo", "reward.rewards={mock: 1}"]) == 0
     assert "ratio_norm: true" in capsys.readouterr().out
     assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
 
@@ -280,10 +284,10 @@ def test_config_types_are_checked_when_built_in_code():
         TrainConfig(iterations=2.5)
     with pytest.raises(ConfigError, match="train.learning_rate must be a finite number"):
         TrainConfig(learning_rate=float("nan"))
-    cfg = from_dict({"train": {"learning_rate": "1e-4", "iterations": "7"}})  # YAML 1.1 leaves 1e-4 a string
+    cfg = from_dict({"train": {"learning_rate": "1e-4", "iterations": "7"}, **MOCK})  # YAML 1.1 leaves 1e-4 a string
     assert (cfg.train.learning_rate, cfg.train.iterations) == (1e-4, 7)
     assert isinstance(cfg.train.learning_rate, float) and isinstance(cfg.train.iterations, int)
-    assert load_config(None, ["log.output_dir='1e5'"]).log.output_dir == "1e5"  # quoted: stays a string
+    assert load_config(None, ["log.output_dir='1e5'", "reward.rewards={mock: 1}"]).log.output_dir == "1e5"  # quoted: stays a string
 
 
 def _cli_cases(pipe: str, tmp: Path) -> dict[str, tuple[list[str], str]]:
@@ -322,6 +326,7 @@ def _cli_cases(pipe: str, tmp: Path) -> dict[str, tuple[list[str], str]]:
         "list for string": (train + ["log.output_dir=[a]"], "log.output_dir must be a string"),
         "bad enum": (train + ["sample.kernel=euler"], "sample.kernel must be one of"),
         "config nan": (["config", "train.learning_rate=nan"], "finite"),
+        "config no reward": (["config", "--preset", "flow_grpo"], "reward.rewards is not set"),
         "config invalid yaml": (["config", "--config", str(tmp / "invalid.yaml")], "not valid YAML"),
         "config bad preset type": (["config", "preset=[1]"], "preset must be a string"),
         "reno missing pipeline": (["reno", "--pipeline", str(tmp / "nope"), "--prompt", "a", "--reward", "mock=1"],
@@ -340,7 +345,7 @@ CLI_CASES = [
     "missing eval prompts", "missing train prompts", "resume missing", "resume latest none", "invalid yaml",
     "empty yaml", "list yaml", "bad override yaml", "non-numeric", "list for number", "bool for number",
     "number for bool", "nan", "yaml nan", "inf", "nan reward weight", "fractional count", "float count 1e9",
-    "negative beta", "list for string", "bad enum", "config nan", "config invalid yaml", "config bad preset type",
+    "negative beta", "list for string", "bad enum", "config nan", "config no reward", "config invalid yaml", "config bad preset type",
     "reno missing pipeline", "reno nan lr", "reno nan weight", "best-of-n zero n", "best-of-n unknown reward",
 ]
 

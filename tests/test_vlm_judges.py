@@ -263,7 +263,8 @@ def test_pref_grpo_with_a_pairwise_judge_asks_each_ordered_pair_once(group_size,
     g = torch.Generator().manual_seed(group_size)
     levels = [torch.randperm(200, generator=g)[:G] + 30 for _ in prompts]  # distinct grey levels per group
     images = torch.cat([lv.float().div(255).view(G, 1, 1, 1).expand(G, 3, 8, 8) for lv in levels])
-    cfg = from_dict({"preset": "pref_grpo", "sample": {"group_size": G}, "reward": {"both_orders": both_orders}})
+    cfg = from_dict({"preset": "pref_grpo", "sample": {"group_size": G}, "reward": {"both_orders": both_orders,
+                                                                                  "rewards": {"unifiedreward-think": 1.0}}})
     batch = SimpleNamespace(prompts=[p for p in prompts for _ in range(G)], images=images,
                             slots=torch.arange(len(prompts)).repeat_interleave(G))
     with BrightnessJudgeServer() as srv:

@@ -1,0 +1,252 @@
+"""Recipes in configs/: each resolves offline (`diffusion-rl config --check`), each real-model recipe trains one
+iteration with the tiny pipeline of its family substituted; no default reward; `--help-keys` lists every key;
+inputs named in a YAML file resolve against the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from diffusion_rl.cli import main
+from diffusion_rl.config import RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
+REAL = [p for p in RECIPES if not p.name.startswith("shapes_")]
+# the model family of each real model id the recipes use (what the tiny substitute must match)
+FAMILY = {"stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/FLUX.1-dev": "flux",
+          "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl"}
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _raw(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def test_recipes_cover_the_published_methods():
+    assert len(REAL) >= 8
+    for path in REAL:
+        raw = _raw(path)
+        assert raw["model"]["pretrained"] in FAMILY, f"{path.name}: a real hub id"
+        assert raw["reward"]["rewards"], path.name
+        assert "Source:" in path.read_text(), f"{path.name} must cite where its settings come from"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_passes_check(recipe, tmp_path, capsys, monkeypatch):
+    """`config --check` from another directory; prompt sets that do not ship are the only thing missing, are
+    documented in configs/prompts/README.md, and with a prompt file in their place the recipe resolves."""
+    monkeypatch.chdir(tmp_path)
+    raw = _raw(recipe)
+    procs = "1" if recipe.name.startswith("shapes_") else "8"  # the real recipes are laid out for 8 GPUs
+    overrides = []
+    readme = (ROOT / "configs" / "prompts" / "README.md").read_text()
+    for key in ("train", "eval"):
+        value = raw.get("prompts", {}).get(key)
+        if isinstance(value, str) and not (recipe.parent / value).is_file():
+            assert value.removeprefix("prompts/") in readme, f"{value} is not documented in configs/prompts/README.md"
+            assert main(["config", "--config", str(recipe), "--check", "--num-processes", procs, *overrides]) == 2
+            assert f"prompts.{key}" in _one_line_error(capsys)
+            stand_in = tmp_path / f"{key}.txt"
+            stand_in.write_text("a photo of a cat\na sign that says \"hello\"\n")
+            overrides.append(f"prompts.{key}={stand_in}")
+    code = main(["config", "--config", str(recipe), "--check", "--num-processes", procs, *overrides])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert out.out.startswith("OK ") and "rewards" in out.out
+    for name in raw["reward"]["rewards"]:
+        assert name in out.out
+
+
+def _tiny_sdxl(path: Path, tokenizer_dir: Path) -> Path:
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    from mmreward.testing.tiny_models import tiny_clip_text_config
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
+        addition_time_embed_dim=8, transformer_layers_per_block=(1, 1), projection_class_embeddings_input_dim=80,
+        cross_attention_dim=64, norm_num_groups=4,
+    )
+    vae = AutoencoderKL(block_out_channels=(4, 8), in_channels=3, out_channels=3, latent_channels=4,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        layers_per_block=1, norm_num_groups=2, sample_size=16)
+    tok = CLIPTokenizer.from_pretrained(str(tokenizer_dir))
+    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+    pipe = StableDiffusionXLPipeline(
+        vae=vae, text_encoder=CLIPTextModel(tiny_clip_text_config(32)), tokenizer=tok,
+        text_encoder_2=CLIPTextModelWithProjection(tiny_clip_text_config(32, projection_dim=32)), tokenizer_2=tok,
+        unet=unet, scheduler=sched,
+    )
+    pipe.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_family_dirs(tmp_path_factory):
+    from mmreward.testing.tiny_models import save_tiny_pipeline
+    from mmreward.testing.tokenizers import build_clip_tokenizer
+
+    root = tmp_path_factory.mktemp("recipe_pipes")
+    tok = root / "tok"
+    build_clip_tokenizer(tok)
+    cache: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in cache:
+            cache[family] = (_tiny_sdxl(root / family, tok) if family == "sdxl"
+                             else Path(save_tiny_pipeline(family, root / family)))
+        return cache[family]
+
+    return get
+
+
+def _shrink(recipe: Path, tiny: Path, family: str, out: Path) -> list[str]:
+    """Overrides that keep the recipe's method and swap in the tiny model, the mock reward and tiny batches."""
+    raw = _raw(recipe)
+    algorithm = load_config(recipe, ["reward.rewards={mock: 1}", "reward.options={}", "reward.pairwise=null",
+                                     "reward.eval_rewards=null"]).train.algorithm
+    ddpo = algorithm == "ddpo"
+    o = [f"model.pretrained={tiny}", "model.dtype=float32", "train.mixed_precision='no'", "model.height=16",
+         "model.width=16", "model.lora_rank=4", "model.lora_alpha=4", "sample.num_steps=4", "sample.eval_num_steps=2",
+         f"sample.prompts_per_iteration={4 if ddpo else 2}", f"sample.group_size={1 if ddpo else 2}",
+         "sample.batch_size=4", "train.micro_batch_size=2", "train.iterations=1", "train.probe=error",
+         "train.learning_rate=1e-2", "train.max_grad_norm=1.0", "reward.rewards={mock: 1.0}", "reward.options={}",
+         "reward.eval_rewards=null", "reward.pairwise=" + ("mock" if algorithm == "pref_grpo" else "null"),
+         # DDPO's stat tracker needs repeats of a prompt to give non-zero advantages in one iteration
+         "prompts.train=" + ("[a cat]" if ddpo else "[a red circle, a blue square]"), "prompts.eval=null",
+         "advantage.min_count=16", "train.num_minibatches=2" if ddpo else "train.num_minibatches=1",
+         f"log.output_dir={out}", "log.progress=false", "log.grid_every=0", "log.eval_every=0"]
+    if family in ("sd3", "flux"):
+        o.append("model.max_sequence_length=8")
+    if "sde_window" in str(raw) or "fast" in recipe.name:
+        o += ["sample.sde_window=[0, 2]", "sample.sde_window_size=1"]
+    return o
+
+
+@pytest.mark.parametrize("recipe", REAL, ids=lambda p: p.name)
+def test_real_recipe_trains_one_iteration_with_the_tiny_pipeline_of_its_family(recipe, tiny_family_dirs, tmp_path):
+    from diffusion_rl.pipelines import ADAPTERS
+    from diffusion_rl.trainer import Trainer
+
+    family = FAMILY[_raw(recipe)["model"]["pretrained"]]
+    full = load_config(recipe, ["reward.rewards={mock: 1}", "reward.options={}", "reward.pairwise=null",
+                                "reward.eval_rewards=null", "prompts.train=[a]", "prompts.eval=null"])
+    cfg = load_config(recipe, _shrink(recipe, tiny_family_dirs(family), family, tmp_path / "out"))
+    # the method's settings are the recipe's: only sizes, the model and the reward were swapped
+    for section, keys in {"train": ["algorithm", "clip_range", "kl_beta", "kl_mode", "timestep_fraction",
+                                    "timestep_selection", "ratio_norm", "backprop_steps", "ema"],
+                          "sample": ["kernel", "noise_level", "guidance_scale", "share_initial_noise"],
+                          "model": ["lora"], "advantage": ["std_scope", "unbiased"]}.items():
+        for key in keys:
+            assert getattr(getattr(cfg, section), key) == getattr(getattr(full, section), key), f"{section}.{key}"
+    trainer = Trainer(cfg)
+    assert type(trainer.adapter) is ADAPTERS[family]
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
+    assert changed > 0, "the update did not move any trained parameter"
+
+
+def test_a_config_without_a_reward_is_an_error_not_mock(tmp_path, capsys, tiny_pipeline_dir):
+    path = tmp_path / "no_reward.yaml"
+    path.write_text(yaml.safe_dump({"model": {"pretrained": str(tiny_pipeline_dir("sd3"))},
+                                    "prompts": {"train": ["a cat"]}, "log": {"output_dir": str(tmp_path / "o")}}))
+    capsys.readouterr()  # the fixture's progress output
+    for argv in (["config", "--config", str(path), "--check"], ["train", "--config", str(path)],
+                 ["config", "--preset", "flow_grpo"]):
+        assert main(argv) == 2
+        line = _one_line_error(capsys)
+        assert "reward.rewards is not set" in line and "mmreward list" in line
+    assert main(["config", "--config", str(path), "--check", "reward.rewards={mock: 1}"]) == 0
+
+
+def test_help_keys_lists_every_field_with_type_default_and_help(capsys):
+    assert main(["config", "--help-keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in lines if line.strip()}
+    expected = {"preset"}
+    for section in dataclasses.fields(RunConfig):
+        if section.name == "preset":
+            continue
+        for f in dataclasses.fields(section.default_factory):  # the section's dataclass
+            key = f"{section.name}.{f.name}"
+            expected.add(key)
+            assert key in rows, key
+            assert f.metadata["help"] in rows[key], key
+            if f.default is not dataclasses.MISSING and not f.metadata.get("required"):
+                assert repr(f.default) in rows[key], key
+    assert set(rows) == expected
+    assert "(required)" in rows["reward.rewards"] and "float" in rows["train.learning_rate"]
+
+
+def test_yaml_inputs_resolve_against_the_file_outputs_against_the_cwd(tmp_path, capsys, monkeypatch,
+                                                                      tiny_pipeline_dir):
+    sub = tmp_path / "project" / "recipes"
+    sub.mkdir(parents=True)
+    (sub / "prompts.txt").write_text("a red circle\na blue square\na green star\n")
+    (tmp_path / "project" / "pipe").symlink_to(tiny_pipeline_dir("sd"), target_is_directory=True)
+    (sub / "run.yaml").write_text(yaml.safe_dump({
+        "model": {"pretrained": "../pipe"}, "reward": {"rewards": {"mock": 1.0}},
+        "prompts": {"train": "prompts.txt", "eval": "prompts.txt"},
+        "log": {"output_dir": "runs/x"}, "sample": {"kernel": "ddim", "noise_level": 1.0}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["config", "--config", "../project/recipes/run.yaml", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "3 train, 3 eval" in out and "sd (StableDiffusionPipeline, local folder)" in out
+    cfg = load_config("../project/recipes/run.yaml")
+    assert Path(cfg.prompts.train) == (sub / "prompts.txt").resolve()
+    assert cfg.prompts.load("train") == ["a red circle", "a blue square", "a green star"]
+    assert cfg.log.output_dir == "runs/x"  # an output: where the user runs, not next to the recipe
+    # values on the command line are relative to the current directory
+    (elsewhere / "mine.txt").write_text("a cat\n")
+    assert load_config("../project/recipes/run.yaml", ["prompts.train=mine.txt"]).prompts.load("train") == ["a cat"]
+    # a hub id that happens not to exist next to the file stays a hub id
+    hub = load_config("../project/recipes/run.yaml", []).model.pretrained
+    assert Path(hub).resolve() == (tmp_path / "project" / "pipe").resolve()
+    (sub / "hub.yaml").write_text(yaml.safe_dump({"model": {"pretrained": "org/model"},
+                                                  "reward": {"rewards": {"mock": 1.0}}}))
+    assert load_config(sub / "hub.yaml").model.pretrained == "org/model"
+
+
+def test_check_reports_what_a_run_would_fail_on(tmp_path, capsys, tiny_pipeline_dir):
+    base = tmp_path / "run.yaml"
+    base.write_text(yaml.safe_dump({"model": {"pretrained": str(tiny_pipeline_dir("sd3"))},
+                                    "reward": {"rewards": {"mock": 1.0}}, "prompts": {"train": ["a cat"]}}))
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    capsys.readouterr()
+    cases = {
+        "reward.rewards={nopescore: 1}": "nopescore",
+        "reward.options={aesthetic: {bogus: 1}}": "bogus",
+        f"model.pretrained={qwen}": "QwenImagePipeline",
+        "model.pretrained=not a hub id": "neither a local folder nor",
+        f"model.pretrained={tmp_path / 'missing'}": "does not exist",
+    }
+    for override, match in cases.items():
+        extra = ["reward.rewards={aesthetic: 1}"] if "aesthetic" in override else []
+        assert main(["config", "--config", str(base), "--check", *extra, override]) == 2, override
+        assert match in _one_line_error(capsys), override
+    assert main(["config", "--config", str(base), "--check", "--num-processes", "3",
+                 "sample.prompts_per_iteration=4"]) == 2
+    assert "divisible by the number of processes (3)" in _one_line_error(capsys)
