@@ -16,11 +16,10 @@ from accelerate.tracking import GeneralTracker
 
 from diffusion_rl.checkpointing import read_checkpoint
 from diffusion_rl.config import from_dict
-
-MOCK = {"reward": {"rewards": {"mock": 1.0}}}  # a config must name its reward
 from diffusion_rl.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
+MOCK = {"reward": {"rewards": {"mock": 1.0}}}  # a config must name its reward
 PROMPTS = ["a red circle", "a blue square", "a green star"]
 
 
