@@ -370,7 +370,7 @@ def load_pretrained(
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    from mmreward.types import check_device  # one device check for load, .to() and media (types imports us)
+    from mmreward.devices import check_device
 
     return check_device(device)
 

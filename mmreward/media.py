@@ -472,7 +472,7 @@ def to_batch(
     value_range = check_value_range(value_range)
     _check_max_image_pixels(max_image_pixels)
     if device is not None:
-        from mmreward.types import check_device  # types imports this module
+        from mmreward.devices import check_device
 
         device = check_device(device)
     if isinstance(media, torch.Tensor):

@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from mmreward import media as media_io
-from mmreward.errors import DeviceError, RewardInputError, RewardValueError
+from mmreward.devices import check_device
+from mmreward.errors import RewardInputError, RewardValueError
 from mmreward.functional.aggregation import bradley_terry_prob
 
 Prompts = str | Sequence[str] | None
@@ -65,35 +66,6 @@ class PairwiseOutput:
     @property
     def prob_b(self) -> torch.Tensor:
         return 1.0 - self.prob_a
-
-
-def check_device(device: str | torch.device | int | None) -> torch.device:
-    """A device torch knows and this machine has; None or "auto" -> cuda when available, else cpu."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    hint = "use 'cpu', 'cuda', 'cuda:N' or 'mps' (or None for the default)"
-    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
-        raise DeviceError(f"device: {device!r} is not a device; {hint}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        raise DeviceError(f"device: {device!r} is not a device; {hint}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device '{device}' requested but CUDA is not available here; use device='cpu'")
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise DeviceError(
-                f"device '{device}': this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1}); "
-                "pick one of those, or set CUDA_VISIBLE_DEVICES"
-            )
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceError(f"device '{device}' requested but MPS is not available here; use device='cpu'")
-    elif dev.type not in ("cpu", "meta"):
-        backend = getattr(torch, dev.type, None)  # xpu, hpu, ... expose is_available() like cuda
-        if backend is None or (hasattr(backend, "is_available") and not backend.is_available()):
-            raise DeviceError(f"device '{device}' requested but {dev.type} is not available here; {hint}")
-    return dev
 
 
 def _check_encodable(prompt: str, where: str) -> None:

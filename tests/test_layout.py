@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # ShapesWorld modules a runtime reward, environment or inference method may import
 SYNTHETIC_RUNTIME = {"captions", "checker", "prompts", "scenes", "tokenizer", "identity_vae", "assets", "models"}
@@ -208,3 +210,12 @@ def test_diffusion_rl_has_no_import_cycles():
     graph = _module_graph(ROOT, "diffusion_rl")
     assert graph["diffusion_rl.trainer"] >= {"diffusion_rl.algorithms", "diffusion_rl.rollout"}  # the graph is real
     assert not _cycles(graph), f"import cycles among diffusion_rl modules: {_cycles(graph)}"
+
+
+@pytest.mark.parametrize("package", ["mmreward", "vlm_rm"])
+def test_mmreward_and_vlm_rm_have_no_import_cycles(package):
+    # media <-> types (a device check) and the Qwen-VL families <-> their tiny test model (prompt texts) were
+    # the last two; both now read from modules of their own (mmreward.devices, models/_vlm_prompts.py)
+    graph = _module_graph(ROOT, package)
+    assert len(graph) > 10 and any(graph.values())  # the graph is real
+    assert not _cycles(graph), f"import cycles among {package} modules: {_cycles(graph)}"

@@ -66,11 +66,16 @@ def _reward_prompts() -> list[str]:
     near real Qwen lengths (the HPSv3 prompt is ~1.5k tokens with byte-level pieces, ~400 with merges), which
     is what makes tests on the tiny models fast.
 
-    Imported at call time: these families import this module from their tiny=True branches, and every tiny
-    model must see all of their prompts so that one seeded tokenizer (and model) serves them all."""
-    from mmreward.models.paco_reward import EDIT_CONSISTENCY, EDIT_FOLLOWING, TEMPLATES
-    from mmreward.models.vlm_heads import HPSV3_INSTRUCTION, HPSV3_SUFFIX, VIDEOALIGN_PROMPT
-    from mmreward.models.vlm_judge import FAMILIES
+    Every tiny model sees all of their prompts, so that one seeded tokenizer (and model) serves them all."""
+    from mmreward.models._vlm_prompts import (
+        EDIT_CONSISTENCY,
+        EDIT_FOLLOWING,
+        FAMILIES,
+        HPSV3_INSTRUCTION,
+        HPSV3_SUFFIX,
+        TEMPLATES,
+        VIDEOALIGN_PROMPT,
+    )
 
     texts = [HPSV3_INSTRUCTION, HPSV3_SUFFIX, VIDEOALIGN_PROMPT, EDIT_CONSISTENCY, EDIT_FOLLOWING, *TEMPLATES.values()]
     for fam in FAMILIES.values():

@@ -41,30 +41,9 @@ import re
 import torch
 
 from mmreward.errors import RewardInputError
+from mmreward.models._vlm_prompts import EDIT_CONSISTENCY, EDIT_FOLLOWING, TEMPLATES
 from mmreward.types import Reward, RewardOutput, normalize_prompts
 
-TEMPLATES = {
-    "grpo": (
-        'Given two subfigures generated based on the theme: "{prompt}", do the two images maintain consistency '
-        'in terms of style, logic and identity? Answer "Yes" and "No" first, and then provide detailed reasons.'
-    ),
-    "eval": (
-        'Do the two images maintain consistency in terms of style, logic and identity? Answer "Yes" and "No" '
-        "first, and then provide detailed reasons."
-    ),
-    "binary": 'Do the two images maintain consistency in terms of style, logic and identity? Answer "Yes" and "No" only.',
-    "criteria": "Do images meet the following criteria? {prompt} Please answer Yes or No.",
-}
-EDIT_CONSISTENCY = (
-    "Compare the edited image (second) with the original image (first). Instruction: '{prompt}'. Except for "
-    "the parts that are intentionally changed according to the instruction, does the edited image remain "
-    "consistent with the original in style, logic, and identity? Answer 'Yes' or 'No' first, then provide "
-    "detailed reasons."
-)
-EDIT_FOLLOWING = (
-    "Compare the edited image (second) with the original image (first). Instruction: '{prompt}'. Does the "
-    "edited image accurately follow this instruction? Answer 'Yes' or 'No' first, then provide detailed reasons."
-)
 IMAGE_LABELS = ("<img1>: ", "<img2>: ")
 
 _PANEL_SEP = re.compile(r"[\.\"]\s+[A-Z0-9-\[\]]+:")  # '. [TOP]-[LEFT]:' between panel descriptions
