@@ -278,6 +278,7 @@ def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path) -> li
         "train": {"iterations": 1, "timestep_fraction": 0.5, "micro_batch_size": n, "probe": "off", "kl_beta": 0.0,
                   "max_grad_norm": 1.0, "mixed_precision": "bf16" if args.dtype == torch.bfloat16 else "no"},
         "prompts": {"train": ["a red circle"]},
+        "reward": {"rewards": {"mock": 1.0}},
         "log": {"output_dir": str(tmp / f"run_{family}"), "progress": False},
     })
     trainer = Trainer(cfg, pipeline=pipe)

@@ -50,6 +50,7 @@ def _cfg(pipe_dir: str, kind: str, out: Path, **model) -> dict:
                    "noise_level": 0.7 if flow else 1.0, "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
         "train": {"algorithm": "grpo", "iterations": 1, "learning_rate": 1e-2, "timestep_fraction": 0.5},
         "prompts": {"train": PROMPTS},
+        "reward": {"rewards": {"mock": 1.0}},
         "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
     }
 
