@@ -82,6 +82,7 @@ class PipelineAdapter:
 
     family: str = ""
     is_flow: bool = True
+    modality: str = "image"  # what `decode` returns: "image" (B, 3, H, W) or "video" (B, T, 3, H, W)
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,
                  max_sequence_length: int | None = None) -> None:
@@ -523,6 +524,17 @@ DEFAULT_LORA_TARGETS: dict[str, list[str]] = {
     "flux": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
     "wan": ["to_q", "to_k", "to_v", "to_out.0"],  # self- (attn1) and cross-attention (attn2) of every Wan block
 }
+
+
+def check_reward_modalities(adapter: PipelineAdapter, rewards: dict[str, Any]) -> None:
+    """ConfigError naming each reward that cannot score what the pipeline makes (a video reward on an image
+    pipeline, or an image reward on a video one), before any sampling."""
+    bad = [name for name, r in rewards.items() if r is not None and adapter.modality not in r.modalities]
+    if bad:
+        hint = ("score videos with video rewards, or wrap an image reward per frame (mmreward's video-frames)"
+                if adapter.modality == "video" else "use image rewards, or a video pipeline (WanPipeline)")
+        raise ConfigError(f"reward(s) {bad} cannot score the {adapter.modality}s a {adapter.family} pipeline makes "
+                          f"({', '.join(f'{n}: {list(rewards[n].modalities)}' for n in bad)}); {hint}")
 
 
 def make_adapter(pipeline: Any, height: int | None = None, width: int | None = None,

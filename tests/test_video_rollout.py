@@ -115,3 +115,52 @@ def test_bad_frame_counts_and_resolutions_are_config_errors(wan_pipe, tmp_path):
 
         build_clip_tokenizer(tmp_path)
         make_adapter(build_tiny_pipeline("sd3", tmp_path), 16, 16, 8, num_frames=FRAMES)
+
+
+@pytest.fixture(scope="module")
+def pipe_dirs(tmp_path_factory):
+    from mmreward.testing.tiny_models import save_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("video_train_pipes")
+    return {k: str(save_tiny_pipeline(k, root / k)) for k in ("wan", "sd3")}
+
+
+def _run_cfg(pipe_dir: str, rewards: dict, out) -> dict:
+    # no num_frames key in the run config yet: the Wan adapter makes WanPipeline's default 81 frames
+    return {
+        "model": {"pretrained": pipe_dir, "height": H, "width": W, "lora_rank": 4, "lora_alpha": 4,
+                  "max_sequence_length": MSL},
+        "sample": {"num_steps": 2, "guidance_scale": 2.0, "kernel": "flow_sde", "noise_level": 0.7,
+                   "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
+        "train": {"algorithm": "grpo", "iterations": 1, "learning_rate": 1e-2, "probe": "error",
+                  "timestep_fraction": 0.5, "kl_beta": 0.01},
+        "advantage": {"min_count": 2},
+        "reward": {"rewards": rewards},
+        "prompts": {"train": PROMPTS},
+        "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
+    }
+
+
+def test_one_grpo_iteration_on_tiny_wan_with_a_video_reward(pipe_dirs, tmp_path):
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    trainer = Trainer(from_dict(_run_cfg(pipe_dirs["wan"], {"mock": 1.0}, tmp_path)))
+    assert trainer.adapter.latent_shape() == (16, 21, H // 8, W // 8)
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert trainer.last_images.shape == (4, 81, 3, H, W)
+    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first ratio is 1 up to float noise
+    assert metrics["adv/abs_mean"] > 0 and metrics["train/grad_norm"] > 0
+    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
+    assert changed > 0
+
+
+def test_rewards_of_the_wrong_modality_are_config_errors(pipe_dirs, tmp_path):
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    with pytest.raises(ConfigError, match=r"\['shapes-video-eval'\] cannot score the images a sd3 pipeline"):
+        Trainer(from_dict(_run_cfg(pipe_dirs["sd3"], {"shapes-video-eval": 1.0}, tmp_path / "a")))
+    with pytest.raises(ConfigError, match=r"\['shapes-eval'\] cannot score the videos a wan pipeline.*video-frames"):
+        Trainer(from_dict(_run_cfg(pipe_dirs["wan"], {"shapes-eval": 1.0}, tmp_path / "b")))
