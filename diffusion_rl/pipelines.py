@@ -7,7 +7,8 @@ decoding latents to images.
 
 Supported: StableDiffusionPipeline (SD 1.x/2.x) and StableDiffusionXLPipeline (UNet + DDIM; the
 pipeline's scheduler is converted to DDIM as DDPO does), StableDiffusion3Pipeline (SD3/SD3.5) and
-FluxPipeline (flow matching, FlowMatchEulerDiscreteScheduler). `pipeline_family` is the one place that
+FluxPipeline (flow matching, FlowMatchEulerDiscreteScheduler), and for video WanPipeline (Wan 2.1 / 2.2 TI2V,
+flow matching on (C, T', H', W') latents; see `WanAdapter`). `pipeline_family` is the one place that
 tells the families apart; the inference code (`diffusion_rl.inference`) uses it too.
 """
 
@@ -81,6 +82,7 @@ class PipelineAdapter:
 
     family: str = ""
     is_flow: bool = True
+    modality: str = "image"  # what `decode` returns: "image" (B, 3, H, W) or "video" (B, T, 3, H, W)
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,
                  max_sequence_length: int | None = None) -> None:
@@ -371,36 +373,180 @@ class SDXLAdapter(SDAdapter):
                                       "time_ids": ids.to(x.device).expand(x.shape[0], -1)}}
 
 
+# ----------------------------------------------------------------------------------------------
+# video: Wan
+# ----------------------------------------------------------------------------------------------
+# Video pipelines behind the same adapter interface: Wan 2.1 / 2.2 (diffusers' `WanPipeline`).
+#
+# Latents are (C, T', H', W') per sample with T' = (T - 1) / 4 + 1 and H' = H / 8 for Wan's VAE, so the
+# rollout, the kernels and the log-probs (mean over every latent element, as for images) run unchanged on
+# (B, C, T', H', W') tensors. What differs from the image families:
+#
+# - prompts go through the pipeline's own `encode_prompt` (UMT5, padded to `max_sequence_length` with zeros
+#   after each prompt's length, as WanPipeline does), CFG uses the empty prompt like WanPipeline's default;
+# - the denoiser is called as WanPipeline calls it: `hidden_states`, `timestep` (the scheduler's 0..1000
+#   scale; one per token when the pipeline has `expand_timesteps`, as Wan 2.2 TI2V), `encoder_hidden_states`;
+# - the schedule: the official pipeline samples with UniPC; rollouts use the flow-matching Euler sigmas of
+#   `FlowMatchEulerDiscreteScheduler` with the pipeline's `flow_shift`, so the Flow-SDE / Dance-SDE kernels
+#   and their log-probs apply (the ODE path is then exactly WanPipeline run with that Euler scheduler);
+# - decoding un-normalises with the VAE's per-channel `latents_mean` / `latents_std` and returns videos
+#   (B, T, 3, H, W) in [0, 1], the layout video rewards take.
+#
+# Wan 2.2 A14B's two-expert denoising (`transformer_2` with `boundary_ratio`) is not supported yet: the policy
+# trains one denoiser, so such a pipeline is refused with a ConfigError.
+WAN_DEFAULT_HEIGHT, WAN_DEFAULT_WIDTH, WAN_DEFAULT_FRAMES = 480, 832, 81  # WanPipeline.__call__'s defaults
+WAN_MAX_SEQUENCE_LENGTH = 226  # WanPipeline.encode_prompt's default
+
+
+class WanAdapter(PipelineAdapter):
+    """diffusers' WanPipeline (Wan 2.1 T2V, Wan 2.2 TI2V-5B): flow matching on 5-D video latents."""
+
+    family = "wan"
+    is_flow = True
+    modality = "video"
+
+    def __init__(self, pipeline, height: int | None = None, width: int | None = None,
+                 max_sequence_length: int | None = None, num_frames: int | None = None) -> None:
+        if getattr(pipeline, "transformer", None) is None or getattr(pipeline, "transformer_2", None) is not None:
+            raise ConfigError(
+                f"{type(pipeline).__name__}: two-expert Wan 2.2 pipelines (transformer + transformer_2 with a "
+                "boundary_ratio) are not supported for reward fine-tuning yet; use a single-transformer Wan "
+                "checkpoint (Wan 2.1 T2V or Wan 2.2 TI2V-5B)"
+            )
+        self.pipeline = pipeline
+        self.height = int(height or WAN_DEFAULT_HEIGHT)
+        self.width = int(width or WAN_DEFAULT_WIDTH)
+        self.num_frames = int(num_frames or WAN_DEFAULT_FRAMES)
+        multiple = self._size_multiple()
+        if self.height % multiple or self.width % multiple or self.height <= 0 or self.width <= 0:
+            raise ConfigError(
+                f"height/width must be positive multiples of {multiple} for {type(pipeline).__name__} (the VAE's "
+                f"spatial factor {self._spatial} x the patch size), got {self.height}x{self.width}; e.g. "
+                f"{max(multiple, self.height // multiple * multiple)}x{max(multiple, self.width // multiple * multiple)}"
+            )
+        temporal = self._temporal
+        if self.num_frames < 1 or (self.num_frames - 1) % temporal:
+            lower = max(1, (self.num_frames - 1) // temporal * temporal + 1)
+            raise ConfigError(
+                f"num_frames={self.num_frames} cannot be made by {type(pipeline).__name__}: its VAE compresses time "
+                f"by {temporal}, so num_frames - 1 must be a multiple of {temporal} (e.g. {lower} or {lower + temporal})"
+            )
+        self.max_sequence_length = max_sequence_length
+        self._negative: PromptEmbeds | None = None
+        self._euler = None
+
+    # -- geometry -----------------------------------------------------------------------------
+    @property
+    def _spatial(self) -> int:
+        return int(self.pipeline.vae_scale_factor_spatial)
+
+    @property
+    def _temporal(self) -> int:
+        return int(self.pipeline.vae_scale_factor_temporal)
+
+    def _size_multiple(self) -> int:
+        return self._spatial * int(self.denoiser.config.patch_size[1])
+
+    def latent_shape(self) -> tuple[int, ...]:
+        frames = (self.num_frames - 1) // self._temporal + 1
+        return (int(self.denoiser.config.in_channels), frames, self.height // self._spatial, self.width // self._spatial)
+
+    # -- conditioning -------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
+        pe, _ = self.pipeline.encode_prompt(
+            prompt=_prompt_list(prompts), do_classifier_free_guidance=False, device=self.device,
+            max_sequence_length=self.max_sequence_length or WAN_MAX_SEQUENCE_LENGTH,
+        )
+        return PromptEmbeds({"prompt_embeds": pe})
+
+    def schedule(self, num_steps: int) -> Schedule:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        sched = self.pipeline.scheduler
+        if not isinstance(sched, FlowMatchEulerDiscreteScheduler):
+            # UniPC (the official sampler) keeps its shift as `flow_shift`; the Euler sigmas use the same shift
+            if self._euler is None:
+                shift = float(sched.config.get("flow_shift", None) or sched.config.get("shift", 1.0) or 1.0)
+                self._euler = FlowMatchEulerDiscreteScheduler(
+                    num_train_timesteps=int(sched.config.get("num_train_timesteps", 1000)), shift=shift)
+            sched = self._euler
+        sched.set_timesteps(num_steps)
+        return _flow_schedule(sched)
+
+    def _forward(self, model, x, t, embeds, guidance_scale):
+        timestep = t.to(x.dtype)
+        if self.pipeline.config.get("expand_timesteps", False):
+            # Wan 2.2 TI2V: one timestep per latent token (frames x H'/2 x W'/2); all equal for text-to-video
+            tokens = x.shape[2] * (x.shape[3] // 2) * (x.shape[4] // 2)
+            timestep = timestep[:, None].expand(-1, tokens)
+        return model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds.tensors["prompt_embeds"],
+                     return_dict=False)[0]
+
+    # -- decoding -----------------------------------------------------------------------------
+    def _decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipeline.vae
+        z = int(vae.config.z_dim)
+        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+        std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+        video = vae.decode(latents * std + mean, return_dict=False)[0]  # (B, 3, T, H, W) in [-1, 1]
+        return video.permute(0, 2, 1, 3, 4)  # (B, T, 3, H, W): the layout of video rewards
+
+    def decode(self, latents: torch.Tensor, *, keep_graph: bool = False) -> torch.Tensor:
+        """Videos in [0, 1], (B, T, 3, H, W), fp32 (see PipelineAdapter.decode)."""
+        if latents.ndim != 5:
+            raise ConfigError(f"latents: expected (B, C, T', H', W') video latents, got shape {tuple(latents.shape)}")
+        return super().decode(latents, keep_graph=keep_graph)
+
+
 def pipeline_family(pipe: Any, purpose: str = "") -> str:
-    """'flux' | 'sd3' | 'sdxl' | 'sd' from the pipeline's class hierarchy, so subclasses (e.g. ReNO-style
+    """'wan' | 'flux' | 'sd3' | 'sdxl' | 'sd' from the pipeline's class hierarchy, so subclasses (e.g. ReNO-style
     wrappers) count; matched by class name so that a caller need not import diffusers first."""
     names = {c.__name__ for c in type(pipe).__mro__}
-    for cls, family in (("FluxPipeline", "flux"), ("StableDiffusion3Pipeline", "sd3"),
+    for cls, family in (("WanPipeline", "wan"), ("FluxPipeline", "flux"), ("StableDiffusion3Pipeline", "sd3"),
                         ("StableDiffusionXLPipeline", "sdxl"), ("StableDiffusionPipeline", "sd")):
         if cls in names:
             return family
     raise ConfigError(
         f"pipeline: {type(pipe).__name__} is not supported{purpose}; expected a StableDiffusionPipeline, "
-        "StableDiffusionXLPipeline, StableDiffusion3Pipeline or FluxPipeline (or a subclass). Load one with "
+        "StableDiffusionXLPipeline, StableDiffusion3Pipeline, FluxPipeline or WanPipeline (or a subclass). Load one with "
         "DiffusionPipeline.from_pretrained(...)"
     )
 
 
 ADAPTERS: dict[str, type[PipelineAdapter]] = {"sd3": SD3Adapter, "flux": FluxAdapter, "sdxl": SDXLAdapter,
-                                              "sd": SDAdapter}
+                                              "sd": SDAdapter, "wan": WanAdapter}
 # LoRA target modules per family: the attention projections, as the Flow-GRPO / DanceGRPO / DDPO code trains
 DEFAULT_LORA_TARGETS: dict[str, list[str]] = {
     "sd": ["to_q", "to_k", "to_v", "to_out.0"],
     "sdxl": ["to_q", "to_k", "to_v", "to_out.0"],
     "sd3": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
     "flux": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
+    "wan": ["to_q", "to_k", "to_v", "to_out.0"],  # self- (attn1) and cross-attention (attn2) of every Wan block
 }
 
 
+def check_reward_modalities(adapter: PipelineAdapter, rewards: dict[str, Any]) -> None:
+    """ConfigError naming each reward that cannot score what the pipeline makes (a video reward on an image
+    pipeline, or an image reward on a video one), before any sampling."""
+    bad = [name for name, r in rewards.items() if r is not None and adapter.modality not in r.modalities]
+    if bad:
+        hint = ("score videos with video rewards, or wrap an image reward per frame (mmreward's video-frames)"
+                if adapter.modality == "video" else "use image rewards, or a video pipeline (WanPipeline)")
+        raise ConfigError(f"reward(s) {bad} cannot score the {adapter.modality}s a {adapter.family} pipeline makes "
+                          f"({', '.join(f'{n}: {list(rewards[n].modalities)}' for n in bad)}); {hint}")
+
+
 def make_adapter(pipeline: Any, height: int | None = None, width: int | None = None,
-                 max_sequence_length: int | None = None) -> PipelineAdapter:
-    """The adapter for a diffusers pipeline instance (by family, so subclasses work too)."""
+                 max_sequence_length: int | None = None, num_frames: int | None = None) -> PipelineAdapter:
+    """The adapter for a diffusers pipeline instance (by family, so subclasses work too); `num_frames` is
+    for video pipelines and an error for image ones."""
     family = pipeline_family(pipeline, " for reward fine-tuning")
+    if family == "wan":
+        return WanAdapter(pipeline, height, width, max_sequence_length, num_frames)
+    if num_frames is not None:
+        raise ConfigError(f"num_frames={num_frames} was given for {type(pipeline).__name__}, which makes images; "
+                          "leave num_frames unset or use a video pipeline (WanPipeline)")
     return ADAPTERS[family](pipeline, height, width, max_sequence_length)
 
 

@@ -287,6 +287,16 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         tiny_options={"mode": "soft", "unknown_prompt": "nan"},
     ),
     RewardSpec(
+        name="shapes-video-eval",
+        loader="mmreward.models.shapes_video_eval:load_shapes_video_eval",
+        description="Moving-shapes clips' exact checker: shape, colour per frame, count, motion direction and speed",
+        modalities=("video",),
+        needs_weights=False,
+        score_range="[0, 1]: strict 0/1, partial = fraction of clauses that hold",
+        preprocess="none: per-frame colour segmentation on the [0, 1] pixels (built for 8 frames at 32 px)",
+        tiny_options={"mode": "partial", "unknown_prompt": "nan"},
+    ),
+    RewardSpec(
         name="shapesworld-aesthetic",
         loader="mmreward.models.shapesworld_aesthetic:load_shapesworld_aesthetic",
         description="ShapesWorld image-quality head (LAION-aesthetic style MLP on a tiny CLIP)",

@@ -22,6 +22,7 @@ BUILTIN_NAMES = [
     "aesthetic", "clipscore", "face-mtcnn", "geneval", "hpsv2", "hpsv2.1", "hpsv3", "imagenet-classifier",
     "imagereward", "jpeg-compressibility", "jpeg-incompressibility", "mock", "nudenet", "ocr", "open-nsfw",
     "paco-reward", "pickscore", "preference-head", "realgen-detectors", "realism-classifier", "shapes-eval",
+    "shapes-video-eval",
     "shapesworld-aesthetic", "shapesworld-pref", "temporal-consistency", "unifiedreward", "unifiedreward-think",
     "univfd", "video-frames", "videoalign", "videoscore2", "vqascore",
 ]

@@ -15,4 +15,22 @@ def test_registered_reward_conforms(name):
     if missing:
         pytest.skip(f"{name} needs {missing} (extra '{spec.extra}')")
     reward = mmreward.load(name, weights="random", **spec.tiny_options)
-    check_conformance(reward)
+    check_conformance(reward, **STRUCTURED.get(name, dict)())
+
+
+def _moving_shapes() -> dict:
+    """Rendered clips for the exact moving-shapes checker; two prompts name the wrong direction or colour."""
+    import random
+
+    from mmreward.synthetic.motion import motion_caption, parse_motion_prompt, realize_clip, render_clips
+
+    texts = ["a red circle moving left", "a blue square moving up at 2 pixels per frame",
+             "a green triangle moving right and turning white", "a white cross moving down"]
+    clips = [realize_clip(parse_motion_prompt(t), random.Random(i)) for i, t in enumerate(texts)]
+    prompts = [motion_caption(c.spec) for c in clips]
+    prompts[1] = prompts[1].replace("moving up", "moving down")
+    prompts[2] = prompts[2].replace("a green", "a red")
+    return {"media": render_clips(clips), "prompts": prompts}
+
+
+STRUCTURED = {"shapes-video-eval": _moving_shapes}

@@ -58,6 +58,9 @@ class NoiseToImage:
             raise ConfigError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
         self.pipe = pipe
         self.family = pipeline_family(pipe, " for noise optimisation")
+        if self.family == "wan":  # video: noise optimisation is image-only so far
+            raise ConfigError(f"pipeline: {type(pipe).__name__} makes videos; noise optimisation supports image "
+                              "pipelines only (StableDiffusion, SDXL, SD3, FLUX)")
         self.num_inference_steps = int(num_inference_steps)
         self.guidance_scale = float(guidance_scale)
         self.seed = int(seed)

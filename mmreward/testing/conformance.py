@@ -27,10 +27,13 @@ def sample_media(reward: Reward, batch: int = 4, size: int = 64, frames: int = 4
     return (img[:, None] + shift).clamp(0, 1)
 
 
-def check_conformance(reward: Reward, size: int = 64, atol: float = 1e-4) -> None:
-    media = sample_media(reward, size=size)
+def check_conformance(reward: Reward, size: int = 64, atol: float = 1e-4, media: torch.Tensor | None = None,
+                      prompts: list[str] | None = None) -> None:
+    """`media`/`prompts` (4 items) replace the random ones for rewards that score only a structured world
+    (an exact checker gives the same 0 to every random clip)."""
+    media = sample_media(reward, size=size) if media is None else media
     n = media.shape[0]
-    prompts = PROMPTS[:n]
+    prompts = PROMPTS[:n] if prompts is None else list(prompts)
 
     out = reward.score(prompts, media)
     assert out.scores.shape == (n,), f"scores must have shape ({n},), got {tuple(out.scores.shape)}"

@@ -15,7 +15,7 @@ import torch
 from mmreward.tokenizers import CLIP_VOCAB_SIZE, build_clip_tokenizer
 from mmreward.tokenizers import build_bert_tokenizer as build_bert_tokenizer  # tests' historical import path
 
-PipelineKind = Literal["sd", "sdxl", "sd3", "flux"]
+PipelineKind = Literal["sd", "sdxl", "sd3", "flux", "wan"]
 
 
 def _seeded(seed: int):
@@ -136,7 +136,8 @@ def _tiny_t5(d_model: int):
 
 def build_tiny_pipeline(kind: PipelineKind, tokenizer_dir: str | os.PathLike, seed: int = 0):
     """A tiny StableDiffusionPipeline ("sd": UNet + DDIM), StableDiffusionXLPipeline ("sdxl": UNet with pooled
-    text and size conditioning + DDIM), StableDiffusion3Pipeline ("sd3") or FluxPipeline ("flux")."""
+    text and size conditioning + DDIM), StableDiffusion3Pipeline ("sd3"), FluxPipeline ("flux") or
+    WanPipeline ("wan": video; the CLIP tokenizer is unused)."""
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
     tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir))
@@ -244,7 +245,35 @@ def build_tiny_pipeline(kind: PipelineKind, tokenizer_dir: str | os.PathLike, se
             text_encoder_2=t5,
             tokenizer_2=t5_tok,
         )
-    raise ValueError(f"kind must be 'sd', 'sdxl', 'sd3' or 'flux', got {kind!r}")
+    if kind == "wan":
+        return _tiny_wan()
+    raise ValueError(f"kind must be 'sd', 'sdxl', 'sd3', 'flux' or 'wan', got {kind!r}")
+
+
+def _tiny_wan(expand_timesteps: bool = False):
+    """A WanPipeline (Wan 2.1 layout): tiny WanTransformer3DModel, AutoencoderKLWan (spatial factor 8,
+    temporal factor 4) and UMT5 encoder with the unigram T5 tokenizer; the official UniPC flow scheduler."""
+    import tempfile
+
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = build_t5_tokenizer(tmp)
+    text_encoder = UMT5EncoderModel(UMT5Config(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
+                                               vocab_size=len(tok), relative_attention_num_buckets=8))
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    for module in (text_encoder, vae, transformer):  # eval as from_pretrained leaves them: UMT5 has dropout
+        module.eval()
+    return WanPipeline(tokenizer=tok, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=scheduler, expand_timesteps=expand_timesteps)
 
 
 def save_tiny_pipeline(kind: PipelineKind, path: str | os.PathLike, seed: int = 0) -> Path:

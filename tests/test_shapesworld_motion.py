@@ -1,0 +1,171 @@
+"""Moving ShapesWorld: the exact clip checker accepts every rendered clip and rejects wrong or reversed ones."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mmreward.errors import RewardInputError
+from mmreward.synthetic.captions import PromptParseError
+from mmreward.synthetic.motion import (
+    DIRECTIONS,
+    MotionClause,
+    MotionSpec,
+    all_motion_specs,
+    check_clips,
+    fit_velocity,
+    motion_caption,
+    motion_matches,
+    parse_motion_prompt,
+    realize_clip,
+    render_clips,
+)
+from mmreward.synthetic.prompts import COLORS, SHAPES
+
+# one-object grid: every shape x colour x direction; speed and colour change vary with the index
+GRID = [
+    MotionSpec((MotionClause(s, c, d, 1 + (i % 2), None if i % 3 else COLORS[(COLORS.index(c) + 1) % len(COLORS)]),))
+    for i, (s, c, d) in enumerate((s, c, d) for s in SHAPES for c in COLORS for d in DIRECTIONS)
+]
+TWO = [
+    parse_motion_prompt("a red circle moving left at 2 pixels per frame and turning blue and a green square moving right"),
+    parse_motion_prompt("a white cross moving up and a purple triangle moving up at 2 pixels per frame"),
+    parse_motion_prompt("a yellow triangle moving down and turning red and a blue circle moving up"),
+]
+
+
+def _clips(specs, seed):
+    rng = random.Random(seed)
+    return [realize_clip(s, rng) for s in specs]
+
+
+@pytest.fixture(scope="module")
+def grid_clips():
+    clips = _clips(GRID + TWO, 0) + _clips(GRID + TWO, 1)
+    return clips, render_clips(clips)
+
+
+def test_rendered_clips_have_the_video_layout(grid_clips):
+    clips, videos = grid_clips
+    assert videos.shape == (len(clips), 8, 3, 32, 32)
+    assert videos.min() >= 0 and videos.max() <= 1
+    # motion: first and last frames differ for every clip
+    assert ((videos[:, 0] - videos[:, -1]).abs().amax(dim=(1, 2, 3)) > 0.5).all()
+
+
+def test_checker_accepts_every_rendered_clip_of_the_grid(grid_clips):
+    clips, videos = grid_clips
+    result = check_clips([c.spec for c in clips], videos)
+    failed = [motion_caption(clips[i].spec) for i in (result.strict < 1).nonzero().flatten().tolist()]
+    assert not failed, failed[:5]
+    assert (result.partial == 1).all()
+
+
+def _swap(spec: MotionSpec, **change) -> MotionSpec:
+    return MotionSpec((replace(spec.objects[0], **change), *spec.objects[1:]))
+
+
+def test_checker_rejects_other_direction_colour_shape_and_count(grid_clips):
+    clips, videos = grid_clips
+    n = len(GRID)
+    videos, clips = videos[:n], clips[:n]
+    opposite = {"left": "right", "right": "left", "up": "down", "down": "up"}
+    turn = {"left": "up", "right": "down", "up": "right", "down": "left"}
+    wrong = {
+        "direction": [_swap(c.spec, direction=opposite[c.spec.objects[0].direction]) for c in clips],
+        "axis": [_swap(c.spec, direction=turn[c.spec.objects[0].direction]) for c in clips],
+        "speed": [_swap(c.spec, speed=3 - c.spec.objects[0].speed) for c in clips],
+        "colour": [_swap(c.spec, color=COLORS[(COLORS.index(c.spec.objects[0].color) + 3) % 6]) for c in clips],
+        "shape": [_swap(c.spec, shape=SHAPES[(SHAPES.index(c.spec.objects[0].shape) + 1) % 4]) for c in clips],
+    }
+    for what, specs in wrong.items():
+        result = check_clips(specs, videos)
+        assert (result.strict == 0).all(), what
+    # a second object that is not there fails the count clause in every clip
+    extra = [MotionSpec((c.spec.objects[0], MotionClause(
+        SHAPES[(SHAPES.index(c.spec.objects[0].shape) + 1) % 4], "white",
+        c.spec.objects[0].direction))) for c in clips]
+    result = check_clips(extra, videos)
+    assert (result.strict == 0).all() and (result.by_kind["count"] == 0).all()
+
+
+def test_checker_rejects_a_colour_change_that_did_not_happen_or_clips_for_two_objects(grid_clips):
+    clips, videos = grid_clips
+    steady = [i for i, c in enumerate(clips[: len(GRID)]) if c.spec.objects[0].end_color is None]
+    specs = [_swap(clips[i].spec, end_color=COLORS[(COLORS.index(clips[i].spec.objects[0].color) + 2) % 6])
+             for i in steady]
+    result = check_clips(specs, videos[steady])
+    assert (result.strict == 0).all() and (result.by_kind["color"] == 0).all()
+    # a two-object clip checked against only its first object has one object too many
+    two = [i for i, c in enumerate(clips) if c.spec.num_objects == 2]
+    result = check_clips([MotionSpec(clips[i].spec.objects[:1]) for i in two], videos[two])
+    assert (result.strict == 0).all() and (result.by_kind["count"] == 0).all()
+
+
+def test_checker_rejects_reverse_time_clips(grid_clips):
+    clips, videos = grid_clips
+    result = check_clips([c.spec for c in clips], videos.flip(1))
+    assert (result.strict == 0).all()
+    assert (result.by_kind["motion"] == 0).all()
+
+
+def test_direction_from_a_hand_computed_centroid_track():
+    # centres (x, y) in pixels moving left by 2 px/frame with a 0.5 px wobble in y: slope by hand is
+    # vx = sum((t - 1.5)(x - mean x)) / sum((t - 1.5)^2) = (-1.5*3 - 0.5*1 + 0.5*-1 + 1.5*-3) / 5 = -2
+    # vy = (-1.5*-0.25 - 0.5*0.25 + 0.5*-0.25 + 1.5*0.25) / 5 = 0.1
+    track = torch.tensor([[20.0, 10.0], [18.0, 10.5], [16.0, 10.0], [14.0, 10.5]])
+    v = fit_velocity(track)
+    assert torch.allclose(v, torch.tensor([-2.0, 0.1], dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    assert motion_matches(v, "left", 2)
+    assert not motion_matches(v, "right", 2) and not motion_matches(v, "left", 1) and not motion_matches(v, "up", 2)
+
+
+def test_parser_reads_captions_and_variants_and_rejects_the_rest():
+    for spec in all_motion_specs()[::37] + TWO:
+        assert parse_motion_prompt(motion_caption(spec)) == spec
+    spec = parse_motion_prompt("A video of a red plus moving to the left, turning blue.")
+    assert spec == MotionSpec((MotionClause("cross", "red", "left", 1, "blue"),))
+    for bad, why in [
+        ("a red circle", "moving"), ("a red circle moving sideways", "moving"),
+        ("a red circle moving left at 5 pixels per frame", "speed"),
+        ("a red circle moving left and turning red", "other than"),
+        ("a red circle moving left and a blue circle moving right", "different shapes"),
+        ("a red circle moving left and a blue square moving up", "same axis"),
+    ]:
+        with pytest.raises(PromptParseError, match=why):
+            parse_motion_prompt(bad)
+
+
+def test_clip_geometry_and_input_errors_are_typed():
+    spec = GRID[0]
+    with pytest.raises(RewardInputError, match="too long or too fast"):
+        realize_clip(_swap(spec, speed=2), random.Random(0), num_frames=16)
+    with pytest.raises(RewardInputError, match="num_frames"):
+        realize_clip(spec, random.Random(0), num_frames=1)
+    with pytest.raises(RewardInputError, match=r"\(B, T, 3, H, W\)"):
+        check_clips([spec], torch.zeros(1, 3, 32, 32))
+    with pytest.raises(RewardInputError, match="same length"):
+        check_clips([spec, spec], torch.zeros(1, 8, 3, 32, 32))
+
+
+def test_shapes_video_eval_reward_scores_strict_and_partial():
+    import mmreward
+
+    clips = _clips(TWO, 3)
+    videos = render_clips(clips)
+    prompts = [motion_caption(c.spec) for c in clips]
+    strict = mmreward.load("shapes-video-eval")
+    assert strict.modalities == ("video",)
+    assert strict.score(prompts, videos).scores.tolist() == [1.0, 1.0, 1.0]
+    # the first prompt asked for the opposite direction of its first object: 1 of 7 clauses fails
+    wrong = prompts[0].replace("moving left", "moving right", 1)
+    out = mmreward.load("shapes-video-eval", mode="partial").score([wrong], videos[:1])
+    assert out.scores.tolist() == pytest.approx([6 / 7])
+    assert out.details["strict"].tolist() == [0.0] and out.details["motion"].tolist() == [0.5]
+    with pytest.raises(PromptParseError):
+        strict.score(["a cat"], videos[:1])
+    nan = mmreward.load("shapes-video-eval", unknown_prompt="nan").score(["a cat"], videos[:1])
+    assert torch.isnan(nan.scores).all()

@@ -1,0 +1,166 @@
+"""Wan (video) rollouts on a tiny config-built WanPipeline: the ODE path is the pipeline's own Euler sampling,
+SDE log-probs are Gaussian densities over (B, C, T', H', W') latents, decoding gives (B, T, 3, H, W) videos."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tolerances import assert_close_scaled
+
+from diffusion_rl.kernels import Kernel
+from diffusion_rl.pipelines import DEFAULT_LORA_TARGETS, make_adapter, pipeline_family
+from diffusion_rl.rollout import rollout, step_log_prob
+from mmreward.errors import ConfigError
+
+H = W = 32
+FRAMES = 9  # (9 - 1) / 4 + 1 = 3 latent frames
+MSL = 16
+PROMPTS = ["a red circle moving left", "a blue square moving up"]
+
+
+@pytest.fixture(scope="module")
+def wan_pipe(tmp_path_factory):
+    from mmreward.testing.tiny_models import build_clip_tokenizer, build_tiny_pipeline
+
+    tok = tmp_path_factory.mktemp("wan_tok")
+    build_clip_tokenizer(tok)
+    pipe = build_tiny_pipeline("wan", tok)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.transformer.requires_grad_(False)
+    return pipe
+
+
+@pytest.fixture()
+def euler_pipe(wan_pipe):
+    """The same pipeline sampling with flow-matching Euler at the UniPC scheduler's flow_shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    original = wan_pipe.scheduler
+    wan_pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=original.config.flow_shift)
+    yield wan_pipe
+    wan_pipe.scheduler = original
+
+
+def test_wan_is_its_own_family_with_video_latents(wan_pipe):
+    assert pipeline_family(wan_pipe) == "wan"
+    adapter = make_adapter(wan_pipe, H, W, MSL, num_frames=FRAMES)
+    assert adapter.latent_shape() == (16, 3, H // 8, W // 8)
+    # LoRA targets name modules that exist in both attention blocks of every Wan block
+    names = {n for n, _ in wan_pipe.transformer.named_modules()}
+    for block in range(2):
+        for attn in ("attn1", "attn2"):
+            for target in DEFAULT_LORA_TARGETS["wan"]:
+                assert f"blocks.{block}.{attn}.{target}" in names
+
+
+def test_ode_rollout_equals_wan_pipeline_sampling(euler_pipe):
+    adapter = make_adapter(euler_pipe, H, W, MSL, num_frames=FRAMES)
+    traj = rollout(adapter, adapter.encode(PROMPTS), [0, 1], [0, 0], num_steps=3, guidance_scale=4.0,
+                   kernel=Kernel("ode", 0.0))
+    assert traj.latents.shape == (2, 4, 16, 3, 4, 4)
+    assert (traj.log_probs == 0).all()
+    kw = {"num_inference_steps": 3, "guidance_scale": 4.0, "height": H, "width": W, "num_frames": FRAMES,
+          "max_sequence_length": MSL, "latents": traj.latents[:, 0].clone()}
+    ref_latents = euler_pipe(PROMPTS, output_type="latent", **kw).frames
+    assert_close_scaled(traj.latents[:, -1], ref_latents, rel=1e-5)
+    ref_video = euler_pipe(PROMPTS, output_type="pt", **kw).frames  # (B, T, 3, H, W) in [0, 1]
+    assert traj.images.shape == (2, FRAMES, 3, H, W) == ref_video.shape
+    assert_close_scaled(traj.images, ref_video, rel=1e-5)
+    assert traj.images.min() >= 0 and traj.images.max() <= 1
+
+
+def test_rollout_schedule_uses_the_unipc_flow_shift(wan_pipe, euler_pipe):
+    # the official UniPC scheduler is replaced by Euler sigmas with the same shift 3: shift(s) = 3 s / (1 + 2 s)
+    # applied to N points from 1 to the smallest training sigma, itself shift(1 / 1000) (diffusers' Euler)
+    unipc = make_adapter(wan_pipe, H, W, MSL, num_frames=FRAMES)
+    sched = unipc.schedule(4)
+    s = torch.linspace(1.0, 3 * 0.001 / (1 + 2 * 0.001), 4, dtype=torch.float64)
+    shifted = 3 * s / (1 + 2 * s)
+    assert_close_scaled(sched.a, shifted, rel=1e-5)
+    assert_close_scaled(sched.b, torch.cat([shifted[1:], torch.zeros(1, dtype=torch.float64)]), rel=1e-5)
+
+
+@pytest.mark.parametrize("kernel", [Kernel("flow_sde", 0.7), Kernel("dance_sde", 0.3)])
+def test_sde_log_probs_are_gaussian_densities_over_video_latents(wan_pipe, kernel):
+    adapter = make_adapter(wan_pipe, H, W, MSL, num_frames=FRAMES)
+    emb = adapter.encode(PROMPTS)
+    traj = rollout(adapter, emb, [0, 1], [0, 1], num_steps=3, guidance_scale=4.0, kernel=kernel, sde_steps=[0, 1],
+                   store_means=True, decode=False)
+    for j in range(2):
+        sigma, sigma_next = float(traj.schedule.a[j]), float(traj.schedule.b[j])
+        if kernel.name == "flow_sde":  # Flow-GRPO: a sqrt(sigma / (1 - sigma)) sqrt(-dt), sigma_1 at sigma = 1
+            denom = sigma_next if sigma >= 1 else sigma
+            std = 0.7 * math.sqrt(sigma / (1 - denom)) * math.sqrt(sigma - sigma_next)
+        else:  # DanceGRPO: eta sqrt(sigma - sigma_next)
+            std = 0.3 * math.sqrt(sigma - sigma_next)
+        density = torch.distributions.Normal(traj.means[:, j].double(), std).log_prob(traj.latents[:, j + 1].double())
+        expected = density.mean(dim=(1, 2, 3, 4))  # the mean-over-elements convention of the image families
+        assert_close_scaled(traj.log_probs[:, j].double(), expected, rel=1e-5)
+        # the training path recomputes the same log-prob with the same code
+        res = step_log_prob(adapter, adapter.denoiser, traj.latents[:, j], traj.latents[:, j + 1],
+                            torch.full((2,), j), traj.schedule, emb, 4.0, kernel)
+        assert_close_scaled(res.log_prob, traj.log_probs[:, j], rel=1e-6)
+    assert (traj.log_probs[:, 2] == 0).all()
+
+
+def test_bad_frame_counts_and_resolutions_are_config_errors(wan_pipe, tmp_path):
+    with pytest.raises(ConfigError, match=r"num_frames - 1 must be a multiple of 4 \(e.g. 9 or 13\)"):
+        make_adapter(wan_pipe, H, W, MSL, num_frames=10)
+    with pytest.raises(ConfigError, match="multiples of 16"):
+        make_adapter(wan_pipe, 40, W, MSL, num_frames=FRAMES)
+    with pytest.raises(ConfigError, match="makes images"):
+        from mmreward.testing.tiny_models import build_clip_tokenizer, build_tiny_pipeline
+
+        build_clip_tokenizer(tmp_path)
+        make_adapter(build_tiny_pipeline("sd3", tmp_path), 16, 16, 8, num_frames=FRAMES)
+
+
+@pytest.fixture(scope="module")
+def pipe_dirs(tmp_path_factory):
+    from mmreward.testing.tiny_models import save_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("video_train_pipes")
+    return {k: str(save_tiny_pipeline(k, root / k)) for k in ("wan", "sd3")}
+
+
+def _run_cfg(pipe_dir: str, rewards: dict, out) -> dict:
+    # no num_frames key in the run config yet: the Wan adapter makes WanPipeline's default 81 frames
+    return {
+        "model": {"pretrained": pipe_dir, "height": H, "width": W, "lora_rank": 4, "lora_alpha": 4,
+                  "max_sequence_length": MSL},
+        "sample": {"num_steps": 2, "guidance_scale": 2.0, "kernel": "flow_sde", "noise_level": 0.7,
+                   "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
+        "train": {"algorithm": "grpo", "iterations": 1, "learning_rate": 1e-2, "probe": "error",
+                  "timestep_fraction": 0.5, "kl_beta": 0.01},
+        "advantage": {"min_count": 2},
+        "reward": {"rewards": rewards},
+        "prompts": {"train": PROMPTS},
+        "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
+    }
+
+
+def test_one_grpo_iteration_on_tiny_wan_with_a_video_reward(pipe_dirs, tmp_path):
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    trainer = Trainer(from_dict(_run_cfg(pipe_dirs["wan"], {"mock": 1.0}, tmp_path)))
+    assert trainer.adapter.latent_shape() == (16, 21, H // 8, W // 8)
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert trainer.last_images.shape == (4, 81, 3, H, W)
+    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first ratio is 1 up to float noise
+    assert metrics["adv/abs_mean"] > 0 and metrics["train/grad_norm"] > 0
+    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
+    assert changed > 0
+
+
+def test_rewards_of_the_wrong_modality_are_config_errors(pipe_dirs, tmp_path):
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    with pytest.raises(ConfigError, match=r"\['shapes-video-eval'\] cannot score the images a sd3 pipeline"):
+        Trainer(from_dict(_run_cfg(pipe_dirs["sd3"], {"shapes-video-eval": 1.0}, tmp_path / "a")))
+    with pytest.raises(ConfigError, match=r"\['shapes-eval'\] cannot score the videos a wan pipeline.*video-frames"):
+        Trainer(from_dict(_run_cfg(pipe_dirs["wan"], {"shapes-eval": 1.0}, tmp_path / "b")))
