@@ -35,6 +35,10 @@ class RunRewards:
     eval: dict[str, Any]  # name -> Reward scored on the held-out prompts
     pairwise: Any | None  # Pref-GRPO's judge
 
+    def by_name(self) -> dict[str, Any]:
+        """Every reward of the run, each role under its name (the judge as 'pairwise')."""
+        return {**self.train, **self.eval, "pairwise": self.pairwise}
+
 
 def load_run_rewards(cfg: RunConfig, device: Any) -> RunRewards:
     """Each distinct reward is loaded once, however many roles it plays."""

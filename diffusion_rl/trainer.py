@@ -1,7 +1,6 @@
 """The training loop, top to bottom: prompts -> rollout -> rewards -> advantages -> PPO loss -> optimizer step.
 
-`Trainer.train_iteration` is one iteration; `Trainer.fit` runs them with evaluation, logging and checkpoints.
-What each stage uses lives in its own module:
+`Trainer.train_iteration` is one iteration; `Trainer.fit` runs them with evaluation, logging and checkpoints:
 
     prompts     sharding.py       which prompt slots an iteration draws, which process owns them
     rollout     rollout.py        trajectories with log-probs (pipelines.py: adapters; seeding.py: noise)
@@ -9,7 +8,7 @@ What each stage uses lives in its own module:
     advantages  algorithms/       GRPO, Pref-GRPO, DDPO: tensors in, advantages out (DRaFT: its own iteration)
     loss        losses.py         PPO-clip, ratio normalisation, KL to the reference
     step        policy.py         LoRA/full weights, optimizer, EMA, gradient clipping
-    around it   evaluation.py, reporting.py, checkpointing.py
+    around it   evaluation.py, reporting.py, checkpointing.py, export.py, accelerator.py
 
 A W-process run with the same global batch equals a 1-process run (see `diffusion_rl.sharding`), and a
 resumed run equals an uninterrupted one bit for bit: every random draw is counter-based (`seeding.py`).
@@ -58,8 +57,7 @@ class Trainer:
         self.rewards = load_run_rewards(cfg, acc.device)
         pipeline = run_pipeline(cfg.model, acc.device, pipeline)
         self.adapter = make_adapter(pipeline, cfg.model.height, cfg.model.width, cfg.model.max_sequence_length)
-        check_reward_modalities(self.adapter, {**self.rewards.train, **self.rewards.eval,
-                                               "pairwise": self.rewards.pairwise})
+        check_reward_modalities(self.adapter, self.rewards.by_name())
         self.kernel = Kernel(cfg.sample.kernel, cfg.sample.noise_level, cfg.sample.log_prob_reduction)
         self.algorithm = algorithm or make_algorithm(cfg, self.rewards.train, self.rewards.pairwise)
         self.policy = Policy(cfg, self.adapter, acc)
