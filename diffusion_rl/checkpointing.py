@@ -7,7 +7,7 @@ and the run's counters and this layout.
 
 Why not `accelerator.save_state` / `load_state` (checked in accelerate 1.15): objects registered with
 `register_for_checkpointing` (our EMA, DDPO's stat trackers) are written with pickle and read back with
-`torch.load(weights_only=False)`, which runs whatever code a checkpoint holds; and under FSDP the model goes
+`torch.load` with weights_only disabled, which runs whatever code a checkpoint holds; and under FSDP the model goes
 to a pickled `.bin` or to torch.distributed.checkpoint shards whose metadata is a pickle. Instead the
 states are gathered with torch's `torch.distributed.checkpoint.state_dict` API, which gives the same full,
 name-keyed state for a plain, DDP or FSDP model, so a checkpoint saved by an FSDP run resumes under DDP or

@@ -236,8 +236,9 @@ def load_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str
         # weights_only=True refuses pickles that would import or call arbitrary objects
         raise CheckpointError(
             f"refused to unpickle {p}: it references the Python object {refused.group(1)}, and mmreward never "
-            "unpickles code. If you trust the file, convert it to safetensors once, e.g. "
-            "`safetensors.torch.save_file(torch.load(path, weights_only=False)['state_dict'], 'model.safetensors')`, "
+            "unpickles code. If you trust the file, convert it to safetensors once: "
+            "load it with torch.load (weights_only disabled, in a session you trust) and write its state dict with "
+            "`safetensors.torch.save_file(state_dict, 'model.safetensors')`, "
             "and pass that file instead."
         ) from exc
     except Exception as exc:  # noqa: BLE001 - corrupt files raise many types
