@@ -148,7 +148,31 @@ def _sdpa_kernels(backend: str):
     if backend == "flash":
         # masked calls: flash kernels take no mask, the memory-efficient one does
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+    if backend == "xformers":
+        # only for modules that call SDPA themselves (see _DIRECT_SDPA): PyTorch's memory-efficient kernel is
+        # xformers' own (cutlass) kernel, the closest a direct SDPA call can get
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
     return nullcontext()
+
+
+# Modules that call torch's scaled_dot_product_attention in their own forward (no processor to swap): the choice
+# reaches them by pinning SDPA's kernel around that forward. Wan's VAE mid-block attention is one.
+_DIRECT_SDPA = ("WanAttentionBlock",)
+
+
+def _scope_direct_sdpa(module: nn.Module, backend: str) -> None:
+    cls = type(module)
+    if not getattr(cls, "_mmreward_scoped", False):
+        inner_forward = cls.forward
+
+        def forward(self, *args, **kwargs):
+            with _sdpa_kernels(self.attn_backend):
+                return inner_forward(self, *args, **kwargs)
+
+        # a subclass of the same name, so parameters, state-dict keys and isinstance checks are unchanged
+        module.__class__ = type(cls.__name__, (cls,), {"forward": forward, "_mmreward_scoped": True,
+                                                       "attn_backend": "sdpa"})
+    module.attn_backend = backend
 
 
 def attend(
@@ -400,6 +424,8 @@ def apply_attention(model: nn.Module, backend: str) -> str:
                 raise ConfigError(f"attention='{backend}': open_clip's custom Attention ({name}) only has SDPA and "
                                   "explicit paths; use attention='sdpa'")
             module.use_fsdpa = backend == "sdpa"
+        elif type(module).__name__ in _DIRECT_SDPA:
+            _scope_direct_sdpa(module, backend)
         elif hasattr(type(module), "attn_backend"):
             module.attn_backend = backend
     _record(model)
@@ -443,6 +469,8 @@ def attention_backends(model: nn.Module) -> dict[str, str]:
             out[name] = "sdpa" if module.use_fsdpa else "math"
         elif hasattr(type(module), "attn_backend"):
             out[name] = module.attn_backend
+        elif type(module).__name__ in _DIRECT_SDPA:
+            out[name] = "unconfigured"  # calls SDPA itself and runs whatever kernel torch picks
         elif type(module).__name__.endswith("Attention") and hasattr(getattr(module, "config", None),
                                                                      "_attn_implementation"):
             impl = module.config._attn_implementation
