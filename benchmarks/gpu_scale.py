@@ -566,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for family in args.families:
             if family == "wan21":
                 report["rows"].append(_skipped(family, "rollout_vs_sampling",
-                                               "diffusion_rl has no video pipeline adapter yet"))
+                                               "the Wan adapter exists (diffusion_rl.pipelines.WanAdapter) but this benchmark has no video rows yet"))
             elif family in PIPELINES:
                 pipe = build_pipeline(family, args.geometry == "real", args.device, args.dtype, tmp)
                 if report["cost_model"] is None:  # the first pipeline family, before LoRA is added
