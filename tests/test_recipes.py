@@ -69,48 +69,16 @@ def test_every_recipe_passes_check(recipe, tmp_path, capsys, monkeypatch):
         assert name in out.out
 
 
-def _tiny_sdxl(path: Path, tokenizer_dir: Path) -> Path:
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
-
-    from mmreward.testing.tiny_models import tiny_clip_text_config
-
-    torch.manual_seed(0)
-    unet = UNet2DConditionModel(
-        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
-        addition_time_embed_dim=8, transformer_layers_per_block=(1, 1), projection_class_embeddings_input_dim=80,
-        cross_attention_dim=64, norm_num_groups=4,
-    )
-    vae = AutoencoderKL(block_out_channels=(4, 8), in_channels=3, out_channels=3, latent_channels=4,
-                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                        layers_per_block=1, norm_num_groups=2, sample_size=16)
-    tok = CLIPTokenizer.from_pretrained(str(tokenizer_dir))
-    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
-    pipe = StableDiffusionXLPipeline(
-        vae=vae, text_encoder=CLIPTextModel(tiny_clip_text_config(32)), tokenizer=tok,
-        text_encoder_2=CLIPTextModelWithProjection(tiny_clip_text_config(32, projection_dim=32)), tokenizer_2=tok,
-        unet=unet, scheduler=sched,
-    )
-    pipe.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_family_dirs(tmp_path_factory):
     from mmreward.testing.tiny_models import save_tiny_pipeline
-    from mmreward.testing.tokenizers import build_clip_tokenizer
 
     root = tmp_path_factory.mktemp("recipe_pipes")
-    tok = root / "tok"
-    build_clip_tokenizer(tok)
     cache: dict[str, Path] = {}
 
     def get(family: str) -> Path:
         if family not in cache:
-            cache[family] = (_tiny_sdxl(root / family, tok) if family == "sdxl"
-                             else Path(save_tiny_pipeline(family, root / family)))
+            cache[family] = Path(save_tiny_pipeline(family, root / family))
         return cache[family]
 
     return get

@@ -15,10 +15,8 @@ from functools import lru_cache
 
 import torch
 
-from mmreward.errors import RewardInputError
-from mmreward.types import Reward, RewardOutput
-
-MODES = ("strict", "partial")
+from mmreward.models.shapes_eval import ShapesEvalReward
+from mmreward.types import RewardOutput
 
 
 @lru_cache(maxsize=4096)
@@ -28,20 +26,11 @@ def _parse(prompt: str):
     return parse_motion_prompt(prompt)
 
 
-class ShapesVideoEvalReward(Reward):
+class ShapesVideoEvalReward(ShapesEvalReward):
+    """The same modes and unknown-prompt policy as shapes-eval, on clips."""
+
     name = "shapes-video-eval"
     modalities = ("video",)
-    differentiable = False
-
-    def __init__(self, mode: str = "strict", unknown_prompt: str = "error", **kwargs) -> None:
-        super().__init__(**kwargs)
-        if mode not in MODES:
-            raise RewardInputError(f"mode: expected one of {MODES}, got {mode!r}")
-        if unknown_prompt not in ("error", "nan"):
-            raise RewardInputError(f"unknown_prompt: expected 'error' or 'nan', got {unknown_prompt!r}")
-        self.mode = mode
-        self.unknown_prompt = unknown_prompt
-        self.may_return_nan = unknown_prompt == "nan"
 
     def _score(self, prompts, media):
         from mmreward.synthetic.captions import PromptParseError
