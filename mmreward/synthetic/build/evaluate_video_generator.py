@@ -34,15 +34,18 @@ def load_video_generator(folder: str | Path):
 
     pipe = DiffusionPipeline.from_pretrained(str(folder))
     pipe.set_progress_bar_config(disable=True)
+    meta = Path(folder) / "shapesworld.json"
+    if meta.is_file():  # the clip geometry and call settings it was trained for
+        pipe.shapesworld_defaults = json.loads(meta.read_text())["generation_defaults"]
     return pipe
 
 
-def pipeline_call_kwargs(**overrides) -> dict:
+def pipeline_call_kwargs(defaults: dict | None = None, **overrides) -> dict:
     """WanPipeline keyword arguments for the trained clip: diffusers rounds num_frames to n // t * t + 1 for the
     VAE's temporal factor t, which with t = 1 adds a frame, so ask for one frame fewer than wanted."""
     from mmreward.synthetic.build.train_video_generator import GENERATION_DEFAULTS
 
-    kw = {**GENERATION_DEFAULTS, **overrides}
+    kw = {**(defaults or GENERATION_DEFAULTS), **overrides}
     kw["num_frames"] = kw["num_frames"] - 1
     return kw
 
@@ -54,7 +57,7 @@ def generate(pipe, prompts: list[str], seed: int = 0, batch_size: int = 32, **ov
     for start in range(0, len(prompts), batch_size):
         g = torch.Generator().manual_seed(seed + start)
         out.append(pipe(prompts[start : start + batch_size], generator=g, output_type="pt",
-                        **pipeline_call_kwargs(**overrides)).frames)
+                        **pipeline_call_kwargs(getattr(pipe, "shapesworld_defaults", None), **overrides)).frames)
     return torch.cat(out).float().clamp(0, 1)
 
 

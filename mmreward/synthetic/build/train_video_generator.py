@@ -88,6 +88,11 @@ class VideoGeneratorTrainConfig:
             raise ConfigError(f"cfg_dropout and ema must be in [0, 1), got {self.cfg_dropout}, {self.ema}")
 
 
+def generation_defaults(cfg: VideoGeneratorTrainConfig) -> dict:
+    """GENERATION_DEFAULTS with the clip geometry this configuration trains."""
+    return {**GENERATION_DEFAULTS, "num_frames": cfg.num_frames, "height": cfg.image_size, "width": cfg.image_size}
+
+
 def build_pipeline(cfg: VideoGeneratorTrainConfig, tokenizer_dir: str | os.PathLike):
     """A fresh (randomly initialised) WanPipeline with the ShapesWorld video architecture."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
@@ -139,9 +144,9 @@ def _batch(step: int, cfg: VideoGeneratorTrainConfig, specs) -> tuple[list[str],
     return prompts, video.permute(0, 2, 1, 3, 4).contiguous()  # the pipeline's latent layout (B, C, T, H, W)
 
 
-def export(pipe, ema: dict[str, torch.Tensor], out: Path, meta: dict) -> None:
+def export(pipe, ema: dict[str, torch.Tensor], out: Path, meta: dict, cfg: VideoGeneratorTrainConfig) -> None:
     """Save the pipeline with the EMA weights swapped in (training weights restored afterwards)."""
-    export_with_ema(pipe, trained_modules(pipe), ema, out, meta, GENERATION_DEFAULTS)
+    export_with_ema(pipe, trained_modules(pipe), ema, out, meta, generation_defaults(cfg))
 
 
 def train(cfg: VideoGeneratorTrainConfig) -> Path:
@@ -156,7 +161,7 @@ def train(cfg: VideoGeneratorTrainConfig) -> Path:
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         return flow_matching_loss(pipe, prompts, x0.to(cfg.device), g, cfg.sigma_mean)
 
-    return train_with_ema(cfg, pipe, trained_modules(pipe), step_loss, generation_defaults=GENERATION_DEFAULTS,
+    return train_with_ema(cfg, pipe, trained_modules(pipe), step_loss, generation_defaults=generation_defaults(cfg),
                           desc="video generator", last=cfg.stop_at or cfg.steps, log_every=10)
 
 
