@@ -8,6 +8,7 @@ evaluations); `dist-gold` is the gold reward, the next value of GOLD. Each proce
 evaluation samples, one call per evaluation, so every process steps through the same script.
 
 Each process writes, under OUT:
+    pid<r>                         its process id, written first (for the test to stop a hung run)
     rank<r>.json                   its last iteration, whether the guard stopped it, its alarms, and every
                                    checkpoint write it made (`write_checkpoint` calls: folder name)
     rank<r>_final.safetensors      the trained parameters it ends the run with
@@ -19,6 +20,7 @@ Each process writes, under OUT:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,8 @@ def _trained(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def main(config: str, out: str) -> None:
+    # the test stops a hung run by these pids: torchrun starts each worker in a session of its own
+    (Path(out) / f"pid{os.environ['RANK']}").write_text(str(os.getpid()))
     for name, script in (("dist-proxy", PROXY), ("dist-gold", GOLD)):
         register_reward(RewardSpec(name, lambda checkpoint=None, s=script, **kw: Scripted(s), "scripted",
                                    differentiable=True, needs_weights=False), overwrite=True)

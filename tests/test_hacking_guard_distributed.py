@@ -4,8 +4,10 @@ reward rises, and the processes must agree on everything the monitor does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,11 +46,24 @@ def two_process_run(tmp_path_factory, tiny_pipeline_dir) -> Path:
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     # --standalone: a free rendezvous port, so parallel test runs on one machine do not collide; the timeout
-    # turns a hang (one process waiting in a collective the other never enters) into a failure
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(REPO / "tests" / "hacking_guard_dist_run.py"), str(path), str(root)],
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # turns a hang (one process waiting in a collective the other never enters) into a failure (the run takes
+    # ~20 s). torchrun starts its workers in sessions of their own, so on a hang they are stopped by their pids
+    # (the runner writes them), and the output goes to a file that an orphaned worker cannot keep open for us.
+    log = root / "launch.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                 str(REPO / "tests" / "hacking_guard_dist_run.py"), str(path), str(root)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            for pid_file in root.glob("pid*"):
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the 2-process run hung (a process left in a collective?): {log.read_text()[-4000:]}")
+    assert proc.returncode == 0, log.read_text()[-4000:]
     return root
 
 
