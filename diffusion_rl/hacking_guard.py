@@ -27,6 +27,12 @@ hacked is still the objective, and continuing would find the same exploit again,
 While the monitor is on, the best-by-gold checkpoint (the first gold reward) is kept at
 `checkpoints/best_gold`, written atomically like every checkpoint. Everything the rule needs is read back from
 the run's metric history, so a resumed run alarms exactly where an uninterrupted one does.
+
+Under data parallelism every process takes the same decision from the same numbers, with no extra collective:
+`evaluate` gathers the scores of all processes before the monitor sees them, and the history is the same on
+every process (logged by all, restored from one checkpoint on resume). Saving the best-by-gold checkpoint is
+a collective (every process gathers, the main process writes), and on a rollback every process loads it, so
+all of them stop at the alarm's iteration holding the same weights (tests/test_hacking_guard_distributed.py).
 """
 
 from __future__ import annotations
