@@ -169,3 +169,17 @@ def test_shapes_video_eval_reward_scores_strict_and_partial():
         strict.score(["a cat"], videos[:1])
     nan = mmreward.load("shapes-video-eval", unknown_prompt="nan").score(["a cat"], videos[:1])
     assert torch.isnan(nan.scores).all()
+
+
+def test_one_object_motion_is_judged_apart_from_the_shape(grid_clips):
+    # a clip checked against another shape fails `object` but its motion is still the stated one; the same clip
+    # checked against the opposite direction fails `motion` too
+    clips, videos = grid_clips
+    one = [i for i, c in enumerate(clips[: len(GRID)]) if c.spec.num_objects == 1]
+    other_shape = [_swap(clips[i].spec, shape=SHAPES[(SHAPES.index(clips[i].spec.objects[0].shape) + 1) % 4])
+                   for i in one]
+    result = check_clips(other_shape, videos[one])
+    assert (result.by_kind["object"] == 0).all() and (result.by_kind["motion"] == 1).all()
+    opposite = {"left": "right", "right": "left", "up": "down", "down": "up"}
+    backwards = [_swap(s, direction=opposite[s.objects[0].direction]) for s in other_shape]
+    assert (check_clips(backwards, videos[one]).by_kind["motion"] == 0).all()

@@ -15,8 +15,9 @@ must differ, which lets the checker track each object by shape alone while its c
 
 The checker runs ShapesWorld's analytic detector on every frame, then per object: `object` (exactly one
 detection of its shape in every frame), `color` (the expected colour in every frame), `motion` (the least
-squares slope of its box-centre track: along the stated axis within `SPEED_TOLERANCE` of the stated speed in
-the stated sign, across it within the same tolerance of 0); plus one `count` clause (every frame holds exactly
+squares slope of its box-centre track, from the one detection of each frame for a one-object clip whatever its
+shape is read as, from the detections of its shape for two objects: along the stated axis within
+`SPEED_TOLERANCE` of the stated speed in the stated sign, across it within the same tolerance of 0); plus one `count` clause (every frame holds exactly
 the number of objects asked for).
 """
 
@@ -271,8 +272,11 @@ def check_clip(spec: MotionSpec, per_frame: list[list[dict]], width: int, height
         colour_text = c.color + (f" then {c.end_color}" if c.end_color else "")
         out.append(MotionClauseResult("color", f"{c.shape} is {colour_text}", colours_ok))
         moving = False
-        if single:
-            boxes = torch.tensor([m[0]["box"] for m in mine], dtype=torch.float64)
+        # a lone object is tracked whatever shape it is read as, so `motion` measures motion and not the shape
+        # again (`object` does that); two objects need their shapes to tell the tracks apart
+        track_dets = per_frame if spec.num_objects == 1 else mine
+        if all(len(m) == 1 for m in track_dets):
+            boxes = torch.tensor([m[0]["box"] for m in track_dets], dtype=torch.float64)
             track = torch.stack([(boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2], 1)
             moving = motion_matches(fit_velocity(track), c.direction, c.speed)
         out.append(MotionClauseResult("motion", f"{c.shape} moves {c.direction} at {c.speed} px/frame", moving))

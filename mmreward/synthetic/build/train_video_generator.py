@@ -56,6 +56,7 @@ class VideoGeneratorTrainConfig:
     ffn: int = 256
     text_width: int = 64
     patch: int = 4
+    text_encoder: str = "umt5"  # "umt5" (Wan's class, from scratch) or a ShapesWorld CLIP folder: its text tower
     patch_t: int = 2  # two frames per token: 4 x 64 = 256 tokens per clip (CPU budget)
     num_frames: int = 8
     image_size: int = 32
@@ -103,11 +104,24 @@ def build_pipeline(cfg: VideoGeneratorTrainConfig, tokenizer_dir: str | os.PathL
 
     torch.manual_seed(cfg.seed)
     tok = build_shapes_tokenizer(tokenizer_dir, max_length=GENERATION_DEFAULTS["max_sequence_length"])
-    text_encoder = UMT5EncoderModel(UMT5Config(
-        vocab_size=len(tok), d_model=cfg.text_width, d_kv=16, d_ff=2 * cfg.text_width, num_layers=2,
-        num_heads=cfg.text_width // 16, relative_attention_num_buckets=16, dropout_rate=0.0,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=tok.pad_token_id,
-    ))
+    if cfg.text_encoder == "umt5":
+        text_encoder = UMT5EncoderModel(UMT5Config(
+            vocab_size=len(tok), d_model=cfg.text_width, d_kv=16, d_ff=2 * cfg.text_width, num_layers=2,
+            num_heads=cfg.text_width // 16, relative_attention_num_buckets=16, dropout_rate=0.0,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=tok.pad_token_id,
+        ))
+    else:
+        # WanPipeline reads `text_encoder(ids, mask).last_hidden_state`, which a CLIPTextModel also returns: starting
+        # from the ShapesWorld CLIP's text tower gives the denoiser colour and shape words it can already tell apart
+        from transformers import CLIPTextModel
+
+        text_encoder = CLIPTextModel.from_pretrained(cfg.text_encoder)
+        if text_encoder.config.vocab_size != len(tok) or text_encoder.config.hidden_size != cfg.text_width:
+            raise ConfigError(
+                f"{cfg.text_encoder}: its text tower (vocab {text_encoder.config.vocab_size}, width "
+                f"{text_encoder.config.hidden_size}) does not match the ShapesWorld tokenizer ({len(tok)}) and "
+                f"--text-width {cfg.text_width}"
+            )
     transformer = WanTransformer3DModel(
         patch_size=(cfg.patch_t, cfg.patch, cfg.patch), num_attention_heads=cfg.width // 32, attention_head_dim=32,
         in_channels=3, out_channels=3, text_dim=cfg.text_width, freq_dim=64, ffn_dim=cfg.ffn,
