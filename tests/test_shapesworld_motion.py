@@ -183,3 +183,31 @@ def test_one_object_motion_is_judged_apart_from_the_shape(grid_clips):
     opposite = {"left": "right", "right": "left", "up": "down", "down": "up"}
     backwards = [_swap(s, direction=opposite[s.objects[0].direction]) for s in other_shape]
     assert (check_clips(backwards, videos[one]).by_kind["motion"] == 0).all()
+
+
+def test_soft_score_grades_motion_by_the_velocity_error(grid_clips):
+    # steady one-object clips: object, colour and count hold when every frame is the first one (a still object),
+    # and the motion term is exp(-(error / 1 px)^2) with error = the stated speed: (3 + exp(-speed^2)) / 4
+    clips, videos = grid_clips
+    steady = [i for i, c in enumerate(clips[: len(GRID)]) if c.spec.objects[0].end_color is None][:12]
+    specs = [clips[i].spec for i in steady]
+    still = videos[steady][:, :1].expand(-1, 8, -1, -1, -1)
+    result = check_clips(specs, still)
+    speeds = torch.tensor([float(s.objects[0].speed) for s in specs])
+    assert result.partial.tolist() == [0.75] * len(steady)
+    torch.testing.assert_close(result.soft, (3 + torch.exp(-speeds**2)) / 4, rtol=1e-6, atol=1e-6)
+    # the rendered clips move exactly as stated (soft 1); reversed in time, the error is twice the speed
+    exact = check_clips(specs, videos[steady])
+    torch.testing.assert_close(exact.soft, torch.ones(len(steady)), rtol=0, atol=1e-6)
+    rev = check_clips(specs, videos[steady].flip(1))
+    torch.testing.assert_close(rev.soft, (3 + torch.exp(-(2 * speeds) ** 2)) / 4, rtol=1e-6, atol=1e-6)
+
+
+def test_shapes_video_eval_soft_mode_is_the_checkers_soft_score(grid_clips):
+    import mmreward
+
+    clips, videos = grid_clips
+    prompts = [motion_caption(c.spec) for c in clips[:4]]
+    out = mmreward.load("shapes-video-eval", mode="soft").score(prompts, videos[:4].flip(1))
+    torch.testing.assert_close(out.scores, check_clips([c.spec for c in clips[:4]], videos[:4].flip(1)).soft.float())
+    assert (out.scores < 1).all() and (out.scores > 0).all()

@@ -6,6 +6,8 @@ least squares. Scores:
   mode="strict"  1 when every clause holds (each object present once per frame, right colour per frame,
                  right direction and speed; the right number of objects in every frame), else 0
   mode="partial" the fraction of clauses that hold
+  mode="soft"    partial with each motion clause scored by how close the fitted velocity is to the stated one,
+                 exp(-(error / 1 px per frame)^2) (0 when the object is not found once per frame): dense for RL
 details: strict, partial and, per clause kind (object, color, motion, count), the fraction that hold.
 """
 
@@ -51,7 +53,7 @@ class ShapesVideoEvalReward(ShapesEvalReward):
         result = check_clips(specs, media)
         mask = torch.tensor(known)
         nan = torch.tensor(float("nan"))
-        details = {"strict": result.strict, "partial": result.partial, **result.by_kind}
+        details = {"strict": result.strict, "partial": result.partial, "soft": result.soft, **result.by_kind}
         details = {k: torch.where(mask, v, nan) for k, v in details.items()}
         return RewardOutput(details[self.mode].clone(), details)
 

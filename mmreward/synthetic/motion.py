@@ -42,6 +42,10 @@ SINGLE_SIZE = (0.38, 0.46)  # object side / image side with one object (below ~1
 LANE_SIZE = (0.34, 0.40)  # the same for two objects, each in a half-image lane
 MARGIN_PX = 1.0  # minimum gap in pixels between an object and the image border over the whole clip
 SPEED_TOLERANCE = 0.25  # pixels per frame; renders are exact, so this only absorbs a generator's wobble
+# the soft score's motion term: exp(-(e / SOFT_SPEED_SCALE)^2) with e the larger axis error of the fitted velocity
+# in pixels per frame, so a still object asked to move 1 px/frame gets 0.37 and the wrong way gets 0.02 (a dense
+# signal for RL where the pass/fail clause gives every sample of a group 0)
+SOFT_SPEED_SCALE = 1.0
 MOTION_CLAUSE_KINDS: tuple[str, ...] = ("object", "color", "motion", "count")
 
 
@@ -235,12 +239,18 @@ class MotionClauseResult:
     kind: str  # one of MOTION_CLAUSE_KINDS
     text: str
     passed: bool
+    closeness: float | None = None  # motion only: exp(-(error / SOFT_SPEED_SCALE)^2), 0 when not trackable
+
+    @property
+    def soft(self) -> float:
+        return float(self.passed) if self.closeness is None else self.closeness
 
 
 @dataclass
 class MotionCheckResult:
     strict: torch.Tensor  # (B,) 1 when every clause holds
     partial: torch.Tensor  # (B,) fraction of clauses that hold
+    soft: torch.Tensor  # (B,) partial with the motion clauses scored by closeness (MotionClauseResult.closeness)
     by_kind: dict[str, torch.Tensor]  # fraction of clauses of each kind that hold
     clauses: list[list[MotionClauseResult]]
 
@@ -271,15 +281,20 @@ def check_clip(spec: MotionSpec, per_frame: list[list[dict]], width: int, height
         colours_ok = single and all(m[0]["color"] == c.color_at(t, n) for t, m in enumerate(mine))
         colour_text = c.color + (f" then {c.end_color}" if c.end_color else "")
         out.append(MotionClauseResult("color", f"{c.shape} is {colour_text}", colours_ok))
-        moving = False
+        moving, closeness = False, 0.0
         # a lone object is tracked whatever shape it is read as, so `motion` measures motion and not the shape
         # again (`object` does that); two objects need their shapes to tell the tracks apart
         track_dets = per_frame if spec.num_objects == 1 else mine
         if all(len(m) == 1 for m in track_dets):
             boxes = torch.tensor([m[0]["box"] for m in track_dets], dtype=torch.float64)
             track = torch.stack([(boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2], 1)
-            moving = motion_matches(fit_velocity(track), c.direction, c.speed)
-        out.append(MotionClauseResult("motion", f"{c.shape} moves {c.direction} at {c.speed} px/frame", moving))
+            velocity = fit_velocity(track)
+            moving = motion_matches(velocity, c.direction, c.speed)
+            dx, dy = DIRECTIONS[c.direction]
+            error = (velocity - torch.tensor([dx * c.speed, dy * c.speed], dtype=torch.float64)).abs().max()
+            closeness = float(torch.exp(-((error / SOFT_SPEED_SCALE) ** 2)))
+        out.append(MotionClauseResult("motion", f"{c.shape} moves {c.direction} at {c.speed} px/frame", moving,
+                                      closeness))
     count_ok = all(len(dets) == spec.num_objects for dets in per_frame)
     out.append(MotionClauseResult("count", f"exactly {spec.num_objects} object(s) in every frame", count_ok))
     return out
@@ -300,6 +315,7 @@ def check_clips(specs: list[MotionSpec], videos: torch.Tensor) -> MotionCheckRes
     results = [check_clip(spec, dets[i * n:(i + 1) * n], w, h) for i, spec in enumerate(specs)]
     strict = torch.tensor([float(all(r.passed for r in res)) for res in results])
     partial = torch.tensor([sum(r.passed for r in res) / len(res) for res in results])
+    soft = torch.tensor([sum(r.soft for r in res) / len(res) for res in results])
     by_kind = {}
     for kind in MOTION_CLAUSE_KINDS:
         vals = []
@@ -307,7 +323,7 @@ def check_clips(specs: list[MotionSpec], videos: torch.Tensor) -> MotionCheckRes
             mine = [r.passed for r in res if r.kind == kind]
             vals.append(sum(mine) / len(mine) if mine else float("nan"))
         by_kind[kind] = torch.tensor(vals)
-    return MotionCheckResult(strict, partial, by_kind, results)
+    return MotionCheckResult(strict, partial, soft, by_kind, results)
 
 
 def evaluate_clips(prompts_or_specs: list[str] | list[MotionSpec], videos: torch.Tensor) -> MotionCheckResult:

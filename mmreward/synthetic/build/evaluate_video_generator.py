@@ -143,7 +143,7 @@ Held-out prompts: an object starts or ends as a colour-shape pair never seen in 
 {row('training split', metrics['train'])}
 
 `motion` is the fraction of clips whose box-centre track has the stated direction and speed (within
-0.25 px/frame on both axes); it needs the object to be found once in every frame.
+0.25 px/frame on both axes); it needs exactly one object in every frame, whatever shape it is read as.
 """)
 
 
