@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,30 @@ def test_wan_pipeline_sampling_integrates_the_trained_velocity_convention(tmp_pa
     assert got.shape == want.shape == (2, 8, 3, 32, 32)
     assert (x - latents).abs().mean() > 0.1  # the velocity moved the sample, so the comparison has teeth
     assert torch.allclose(got.float(), want, atol=1e-4)
+
+
+def test_four_frame_generator_with_the_clip_text_tower_exports_its_geometry(tmp_path):
+    from diffusers import DiffusionPipeline
+    from safetensors.torch import load_file
+    from transformers import CLIPTextModel
+
+    from mmreward.synthetic.build import train_video_generator as tvg
+    from mmreward.synthetic.build.evaluate_video_generator import generate, load_video_generator
+
+    clip = Path(__file__).resolve().parents[1] / "assets" / "shapesworld" / "clip"
+    cfg = tvg.VideoGeneratorTrainConfig(out=str(tmp_path / "gen"), work=str(tmp_path / "work"), steps=1,
+                                        batch_size=2, layers=1, width=96, ffn=96, text_width=64, warmup=1,
+                                        num_frames=4, text_encoder=str(clip))
+    pipe = tvg.build_pipeline(cfg, tmp_path / "tok")
+    # the text encoder starts as the CLIP's text tower, weight for weight
+    clip_weights = load_file(str(clip / "model.safetensors"))
+    for k, v in pipe.text_encoder.state_dict().items():
+        assert torch.equal(v, clip_weights[f"text_model.{k}"]), k
+    out = tvg.train(cfg)
+    meta = json.loads((out / "shapesworld.json").read_text())
+    assert meta["generation_defaults"]["num_frames"] == 4
+    assert isinstance(DiffusionPipeline.from_pretrained(str(out)).text_encoder, CLIPTextModel)
+    clips = generate(load_video_generator(out), ["a red circle moving left"] * 2, num_inference_steps=2)
+    assert clips.shape == (2, 4, 3, 32, 32)  # the evaluator takes the clip length from the folder
+    with pytest.raises(ConfigError, match="text-width"):
+        tvg.build_pipeline(tvg.VideoGeneratorTrainConfig(text_encoder=str(clip), text_width=32), tmp_path / "tok2")
