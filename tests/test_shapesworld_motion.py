@@ -211,3 +211,21 @@ def test_shapes_video_eval_soft_mode_is_the_checkers_soft_score(grid_clips):
     out = mmreward.load("shapes-video-eval", mode="soft").score(prompts, videos[:4].flip(1))
     torch.testing.assert_close(out.scores, check_clips([c.spec for c in clips[:4]], videos[:4].flip(1)).soft.float())
     assert (out.scores < 1).all() and (out.scores > 0).all()
+
+
+@pytest.mark.parametrize("frames", [4, 8])
+def test_centred_clips_are_a_function_of_the_spec_and_pass_the_checker(frames):
+    # every one-object spec: the same clip whatever the seed, centred on the image midway through the clip,
+    # and the checker accepts all of them
+    specs = all_motion_specs()[::5]
+    a = [realize_clip(s, random.Random(1), frames, centred=True) for s in specs]
+    b = [realize_clip(s, random.Random(2), frames, centred=True) for s in specs]
+    assert [c.start for c in a] == [c.start for c in b]
+    for clip in a:
+        (o,), (clause,) = clip.start, clip.spec.objects
+        dx, dy = DIRECTIONS[clause.direction]
+        mid = clause.speed * (frames - 1) / 2 / 32
+        assert (o.x + dx * mid, o.y + dy * mid) == pytest.approx((0.5, 0.5), abs=0.5 / 32)
+    assert (check_clips(specs, render_clips(a)).strict == 1).all()
+    with pytest.raises(RewardInputError, match="one object"):
+        realize_clip(TWO[0], random.Random(0), frames, centred=True)

@@ -222,3 +222,24 @@ def test_four_frame_generator_with_the_clip_text_tower_exports_its_geometry(tmp_
     assert clips.shape == (2, 4, 3, 32, 32)  # the evaluator takes the clip length from the folder
     with pytest.raises(ConfigError, match="text-width"):
         tvg.build_pipeline(tvg.VideoGeneratorTrainConfig(text_encoder=str(clip), text_width=32), tmp_path / "tok2")
+
+
+def test_training_batches_switch_to_centred_clips_at_centred_after():
+    from mmreward.synthetic.build import train_video_generator as tvg
+    from mmreward.synthetic.motion import motion_specs_for_split
+
+    cfg = tvg.VideoGeneratorTrainConfig(batch_size=8, num_frames=4, centred_after=5, cfg_dropout=0.0)
+    specs = motion_specs_for_split("train")
+
+    def centre_offsets(step: int) -> torch.Tensor:
+        # the box around everything the object covers over the clip is centred when its path is
+        _, video = tvg._batch(step, cfg, specs)  # (B, 3, T, H, W) in [-1, 1] on a black background
+        covered = (video > -0.5).any(1).any(1)  # (B, H, W)
+        out = []
+        for m in covered:
+            ys, xs = m.nonzero(as_tuple=True)
+            out.append(max(abs((xs.min() + xs.max()) / 2 - 15.5), abs((ys.min() + ys.max()) / 2 - 15.5)))
+        return torch.stack(out).float()
+
+    assert (centre_offsets(5) <= 1.0).all() and (centre_offsets(9) <= 1.0).all()  # whole-pixel rounding
+    assert (centre_offsets(4) > 2.0).any()  # before the switch, starts are drawn at random

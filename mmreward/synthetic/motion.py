@@ -185,24 +185,34 @@ def _travel_range(lo: float, hi: float, sign: int, travel: float, rng: random.Ra
 
 
 def realize_clip(spec: MotionSpec, rng: random.Random, num_frames: int = DEFAULT_FRAMES,
-                 size: int = DEFAULT_SIZE) -> Clip:
-    """A random clip satisfying `spec`: sizes and start positions drawn so every object stays inside its lane."""
+                 size: int = DEFAULT_SIZE, centred: bool = False) -> Clip:
+    """A random clip satisfying `spec`: sizes and start positions drawn so every object stays inside its lane.
+
+    centred: one-object clips take the middle size and travel symmetrically about the image centre, so the clip
+    is a function of the spec alone (the layout the shipped video generator is fine-tuned on: see its card)."""
     if num_frames < 2:
         raise RewardInputError(f"num_frames must be >= 2 to show motion, got {num_frames}")
+    if centred and spec.num_objects != 1:
+        raise RewardInputError("centred clips hold one object; two objects keep their random lanes")
     margin = MARGIN_PX / size
     start = []
     two = spec.num_objects == 2
     for k, clause in enumerate(spec.objects):
-        s = rng.uniform(*(LANE_SIZE if two else SINGLE_SIZE))
+        s = sum(SINGLE_SIZE) / 2 if centred else rng.uniform(*(LANE_SIZE if two else SINGLE_SIZE))
         s = round(s * size) / size  # whole-pixel sizes keep every object's box on the pixel grid
         dx, dy = DIRECTIONS[clause.direction]
         travel = clause.speed * (num_frames - 1) / size
         lo, hi = s / 2 + margin, 1 - s / 2 - margin
-        along = _travel_range(lo, hi, dx + dy, travel, rng)
+        if centred:
+            along = 0.5 - (dx + dy) * travel / 2
+            if travel > hi - lo:
+                _travel_range(lo, hi, dx + dy, travel, rng)  # raises: the clip does not fit
+        else:
+            along = _travel_range(lo, hi, dx + dy, travel, rng)
         if two:  # the lane across the motion: half k of the image
             cross = k * 0.5 + rng.uniform(s / 2 + margin, 0.5 - s / 2 - margin)
         else:
-            cross = 0.5 + rng.uniform(-0.1, 0.1)
+            cross = 0.5 if centred else 0.5 + rng.uniform(-0.1, 0.1)
         # whole-pixel starts: translation by whole pixels keeps the rendered frames exact shifts of each other
         along, cross = round(along * size) / size, round(cross * size * 2) / (size * 2)
         x, y = (along, cross) if dx else (cross, along)

@@ -61,6 +61,7 @@ class VideoGeneratorTrainConfig:
     num_frames: int = 8
     image_size: int = 32
     cfg_dropout: float = 0.1
+    centred_after: int = -1  # from this step on, train on centred clips (motion.realize_clip); -1 never
     sigma_mean: float = 0.0  # mean of the logit-normal noise levels; > 0 trains more at high noise (the layout)
     ema: float = 0.995
     seed: int = 0
@@ -152,7 +153,9 @@ def flow_matching_loss(pipe, prompts: list[str], x0: torch.Tensor, generator: to
 
 def _batch(step: int, cfg: VideoGeneratorTrainConfig, specs) -> tuple[list[str], torch.Tensor]:
     rng = random.Random(f"video-gen/{cfg.seed}/{step}")
-    clips = [realize_clip(rng.choice(specs), rng, cfg.num_frames, cfg.image_size) for _ in range(cfg.batch_size)]
+    centred = 0 <= cfg.centred_after <= step
+    clips = [realize_clip(rng.choice(specs), rng, cfg.num_frames, cfg.image_size, centred)
+             for _ in range(cfg.batch_size)]
     prompts = ["" if rng.random() < cfg.cfg_dropout else motion_caption(c.spec) for c in clips]
     video = render_clips(clips) * 2 - 1  # (B, T, 3, H, W)
     return prompts, video.permute(0, 2, 1, 3, 4).contiguous()  # the pipeline's latent layout (B, C, T, H, W)
