@@ -140,7 +140,11 @@ def test_build_assets_quick_video_generator(tmp_path):
     assert set(timings) == {"video-generator"} and (folder / "README.md").is_file()
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["heldout"]["clips"] == 4 and 0 <= metrics["heldout"]["strict"]["mean"] <= 1
-    assert isinstance(DiffusionPipeline.from_pretrained(str(folder)), WanPipeline)
+    pipe = DiffusionPipeline.from_pretrained(str(folder))
+    assert isinstance(pipe, WanPipeline) and type(pipe.text_encoder).__name__ == "CLIPTextModel"
+    meta = json.loads((folder / "shapesworld.json").read_text())
+    assert meta["generation_defaults"]["num_frames"] == 4 and meta["config"]["centred_after"] == 1
+    assert "centred clips" in (folder / "README.md").read_text()
 
 
 def test_video_generator_resume_equals_an_uninterrupted_run(tmp_path):

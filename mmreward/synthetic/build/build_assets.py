@@ -32,7 +32,7 @@ from mmreward.synthetic.build import (
     train_video_generator,
 )
 
-STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 700, "edit-model": 500}
+STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 14350, "edit-model": 500}
 QUICK = {"clip": 3, "generator": 3, "pref": 2, "video-generator": 2, "edit-model": 2}
 
 
@@ -95,10 +95,15 @@ def main(argv: list[str] | None = None) -> dict:
                 train_generator.train(cfg)
             measure_generator(root / "generator", 2 if args.quick else 48)
         elif name == "video-generator":  # one CPU thread: on a shared 2-core machine two threads were far slower
+            clip = root / "clip"
+            if not (clip / "config.json").is_file():  # e.g. a quick build into an empty folder: the shipped CLIP
+                clip = Path(__file__).resolve().parents[3] / "assets" / "shapesworld" / "clip"
+            recipe = {**train_video_generator.SHIPPED_RECIPE, "steps": steps["video-generator"]}
+            if args.quick:
+                recipe.update(batch_size=2, warmup=1, layers=1, centred_after=1)
             vcfg = train_video_generator.VideoGeneratorTrainConfig(
-                out=str(root / "video-generator"), work=str(Path(args.work) / "video-generator"),
-                steps=steps["video-generator"], threads=1,
-                **({"batch_size": 2, "warmup": 1, "layers": 1} if args.quick else {}),
+                out=str(root / "video-generator"), work=str(Path(args.work) / "video-generator"), threads=1,
+                text_encoder=str(clip), **recipe,
             )
             if not args.measure_only:
                 train_video_generator.train(vcfg)

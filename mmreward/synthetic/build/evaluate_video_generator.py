@@ -104,12 +104,23 @@ def write_card(folder: str | Path, metrics: dict) -> None:
         return f"| {name} ({m['clips']} clips) | {cells} |"
 
     size_kb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1024
+    if cfg.get("text_encoder", "umt5") == "umt5":
+        text_encoder = "a small `UMT5EncoderModel` (Wan's text encoder class, trained from scratch)"
+    else:  # WanPipeline only reads last_hidden_state, which CLIPTextModel returns as UMT5 does
+        text_encoder = ("a small `CLIPTextModel` started from the ShapesWorld CLIP's text tower (WanPipeline reads "
+                        "its `last_hidden_state` as it reads UMT5's; diffusers logs an 'Expected types for "
+                        "text_encoder' warning when loading, which is expected)")
+    switch = cfg.get("centred_after", -1)
+    layout = ("" if switch < 0 else
+              f" (random start positions and sizes for the first {switch} steps, then centred clips: the object "
+              "takes the middle size and travels symmetrically about the image centre, so a prompt fixes its clip; "
+              "with random starts alone the model learned the object but not its motion in this budget)")
     (folder / "README.md").write_text(f"""# ShapesWorld tiny text-to-video generator
 
 A stock diffusers `WanPipeline`: `WanTransformer3DModel` ({cfg['layers']} layers, width {cfg['width']}, patch
 ({cfg['patch_t']}, {cfg['patch']}, {cfg['patch']})) on {cfg['num_frames']} frames of {cfg['image_size']}x{cfg['image_size']} RGB
 pixels through an analytic identity `AutoencoderKLWan` (no spatial or temporal compression; exact to ~2e-6,
-see mmreward/synthetic/identity_wan_vae.py), a small `UMT5EncoderModel` over ShapesWorld's CLIP BPE tokenizer
+see mmreward/synthetic/identity_wan_vae.py), {text_encoder} over ShapesWorld's CLIP BPE tokenizer
 and `FlowMatchEulerDiscreteScheduler`. {size_kb / 1024:.1f} MB on disk.
 
     from diffusers import DiffusionPipeline
@@ -125,10 +136,10 @@ and `FlowMatchEulerDiscreteScheduler`. {size_kb / 1024:.1f} MB on disk.
   to that length, and the model was trained with it.
 
 Prompts: "a red circle moving left at 1 pixel per frame [and turning blue]" (mmreward.synthetic.motion).
-Training: rectified flow, logit-normal noise levels, {meta['trained_steps']} steps of {cfg['batch_size']} freshly
-rendered one-object training-split clips, AdamW lr {cfg['lr']} (cosine), 10% empty prompts for guidance,
-EMA {cfg['ema']}; {meta['train_minutes']} min on {cfg['threads']} CPU thread of a shared 2-core machine
-(two threads ran 10-20x slower per step there because of contention).
+Training: rectified flow, logit-normal(mean {cfg.get('sigma_mean', 0.0)}, 1) noise levels, {meta['trained_steps']} steps of
+{cfg['batch_size']} freshly rendered one-object training-split clips{layout}, AdamW lr {cfg['lr']} (cosine), 10% empty
+prompts for guidance, EMA {cfg['ema']}; {meta['train_minutes']} min on {cfg['threads']} CPU thread of a shared 2-core
+machine (two threads ran 10-20x slower per step there because of contention).
 Rebuild: `python -m mmreward.synthetic.build.build_assets --only video-generator` (seeded; a rebuild is
 deterministic on one machine, and similar, not bit-identical, across machines).
 
