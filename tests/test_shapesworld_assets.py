@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason="ShapesWorld assets no
 
 def test_assets_are_small():
     total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
-    assert total < 25e6, f"ShapesWorld assets take {total / 1e6:.1f} MB"
+    # 30 MB: the image generator (11 MB), the edit model (5.7 MB), the video generator (~5 MB) and the small models
+    assert total < 30e6, f"ShapesWorld assets take {total / 1e6:.1f} MB"
     for folder in (CLIP_DIR, GENERATOR_DIR, PREF_DIR, AESTHETIC_DIR):
         assert (folder / "README.md").is_file(), f"{folder} has no card"
 

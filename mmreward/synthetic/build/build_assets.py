@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
                 clip = Path(__file__).resolve().parents[3] / "assets" / "shapesworld" / "clip"
             recipe = {**train_video_generator.SHIPPED_RECIPE, "steps": steps["video-generator"]}
             if args.quick:
-                recipe.update(batch_size=2, warmup=1, layers=1, centred_after=1)
+                recipe.update(batch_size=2, warmup=1, layers=1, centred_after=1, stop_at=0)
             vcfg = train_video_generator.VideoGeneratorTrainConfig(
                 out=str(root / "video-generator"), work=str(Path(args.work) / "video-generator"), threads=1,
                 text_encoder=str(clip), **recipe,
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
             if not args.measure_only:
                 train_video_generator.train(vcfg)
             measure_video_generator(root / "video-generator", 4 if args.quick else 128)
+            evaluate_video_generator.write_prompt_sets(root / "video-generator")
         elif name == "edit-model":  # one CPU thread, as the video generator
             ecfg = train_edit_model.EditTrainConfig(
                 out=str(root / "edit-model"), work=str(Path(args.work) / "edit-model"), steps=steps["edit-model"],

@@ -71,6 +71,15 @@ def eval_prompts(n: int, split: str = "heldout", seed: int = 0) -> list[str]:
     return [motion_caption(s) for s in picked]
 
 
+def write_prompt_sets(folder: str | Path, n_train: int = 192) -> Path:
+    """prompts/train.txt of the video generator's folder: n_train distinct training-split prompts (seed 1), the
+    training prompts of configs/shapes_video_grpo*.yaml (held-out prompts are a different split)."""
+    out = Path(folder) / "prompts"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train.txt").write_text("\n".join(eval_prompts(n_train, "train", seed=1)) + "\n")
+    return out / "train.txt"
+
+
 def _rate(x: torch.Tensor) -> dict:
     x = x[~torch.isnan(x)].double()
     se = float(x.std(unbiased=True) / len(x) ** 0.5) if len(x) > 1 else float("nan")

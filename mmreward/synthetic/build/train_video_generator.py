@@ -44,7 +44,7 @@ GENERATION_DEFAULTS = {"max_sequence_length": 20, "num_inference_steps": 20, "gu
 
 # How the shipped model was trained (see its card): 4-frame clips, more training at high noise, the text encoder
 # started from the ShapesWorld CLIP's text tower, random starts for 7350 steps then centred clips
-SHIPPED_RECIPE = {"steps": 14350, "num_frames": 4, "sigma_mean": 0.5, "centred_after": 7350}
+SHIPPED_RECIPE = {"steps": 14350, "stop_at": 13000, "num_frames": 4, "sigma_mean": 0.5, "centred_after": 7350}
 
 
 @dataclass
