@@ -119,6 +119,7 @@ def write_card(folder: str | Path, metrics: dict) -> None:
         text_encoder = ("a small `CLIPTextModel` started from the ShapesWorld CLIP's text tower (WanPipeline reads "
                         "its `last_hidden_state` as it reads UMT5's; diffusers logs an 'Expected types for "
                         "text_encoder' warning when loading, which is expected)")
+    lineage = f"\nThese weights: {meta['lineage']}." if meta.get("lineage") else ""
     switch = cfg.get("centred_after", -1)
     layout = ("" if switch < 0 else
               f" (random start positions and sizes for the first {switch} steps, then centred clips: the object "
@@ -150,7 +151,7 @@ Training: rectified flow, logit-normal(mean {cfg.get('sigma_mean', 0.0)}, 1) noi
 prompts for guidance, EMA {cfg['ema']}; {meta['train_minutes']} min on {cfg['threads']} CPU thread of a shared 2-core
 machine (two threads ran 10-20x slower per step there because of contention).
 Rebuild: `python -m mmreward.synthetic.build.build_assets --only video-generator` (seeded; a rebuild is
-deterministic on one machine, and similar, not bit-identical, across machines).
+deterministic on one machine, and similar, not bit-identical, across machines).{lineage}
 
 ## Measured with the exact motion checker (mean ± standard error over clips)
 
