@@ -229,3 +229,24 @@ def test_centred_clips_are_a_function_of_the_spec_and_pass_the_checker(frames):
     assert (check_clips(specs, render_clips(a)).strict == 1).all()
     with pytest.raises(RewardInputError, match="one object"):
         realize_clip(TWO[0], random.Random(0), frames, centred=True)
+
+
+def test_motion_mode_scores_the_motion_clause_alone_by_closeness(grid_clips):
+    # exp(-(error / 1 px)^2) of the motion clause only: a still object errs by its speed, a time-reversed one by
+    # twice its speed, the clip as rendered by 0 (closed forms, independent of the other clauses)
+    import mmreward
+
+    clips, videos = grid_clips
+    steady = [i for i, c in enumerate(clips[: len(GRID)]) if c.spec.objects[0].end_color is None][:8]
+    prompts = [motion_caption(clips[i].spec) for i in steady]
+    speeds = torch.tensor([float(clips[i].spec.objects[0].speed) for i in steady])
+    reward = mmreward.load("shapes-video-eval", mode="motion")
+    still = videos[steady][:, :1].expand(-1, 8, -1, -1, -1)
+    torch.testing.assert_close(reward.score(prompts, still).scores, torch.exp(-speeds**2), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(reward.score(prompts, videos[steady].flip(1)).scores, torch.exp(-(2 * speeds) ** 2),
+                               rtol=1e-6, atol=1e-6)
+    out = reward.score(prompts, videos[steady])
+    torch.testing.assert_close(out.scores, torch.ones(len(steady)), rtol=0, atol=1e-6)
+    assert "motion_soft" in out.details and out.details["partial"].tolist() == [1.0] * len(steady)
+    with pytest.raises(RewardInputError, match="motion"):
+        mmreward.load("shapes-eval", mode="motion")  # the image checker has no motion clause

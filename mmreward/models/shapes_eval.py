@@ -31,11 +31,12 @@ def _parse(prompt: str):
 class ShapesEvalReward(Reward):
     name = "shapes-eval"
     differentiable = False
+    modes: tuple[str, ...] = MODES
 
     def __init__(self, mode: str = "strict", unknown_prompt: str = "error", **kwargs) -> None:
         super().__init__(**kwargs)
-        if mode not in MODES:
-            raise RewardInputError(f"mode: expected one of {MODES}, got {mode!r}")
+        if mode not in self.modes:
+            raise RewardInputError(f"mode: expected one of {self.modes}, got {mode!r}")
         if unknown_prompt not in ("error", "nan"):
             raise RewardInputError(f"unknown_prompt: expected 'error' or 'nan', got {unknown_prompt!r}")
         self.mode = mode

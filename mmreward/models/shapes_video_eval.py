@@ -8,7 +8,10 @@ least squares. Scores:
   mode="partial" the fraction of clauses that hold
   mode="soft"    partial with each motion clause scored by how close the fitted velocity is to the stated one,
                  exp(-(error / 1 px per frame)^2) (0 when the object is not found once per frame): dense for RL
-details: strict, partial and, per clause kind (object, color, motion, count), the fraction that hold.
+  mode="motion"  the motion clauses alone, each scored by that closeness (a reward on motion only: shape, colour
+                 and count enter only through tracking, which needs each object found once per frame)
+details: strict, partial, soft, motion_soft and, per clause kind (object, color, motion, count), the fraction
+that hold.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class ShapesVideoEvalReward(ShapesEvalReward):
 
     name = "shapes-video-eval"
     modalities = ("video",)
+    modes = ("strict", "partial", "soft", "motion")
 
     def _score(self, prompts, media):
         from mmreward.synthetic.captions import PromptParseError
@@ -53,9 +57,10 @@ class ShapesVideoEvalReward(ShapesEvalReward):
         result = check_clips(specs, media)
         mask = torch.tensor(known)
         nan = torch.tensor(float("nan"))
-        details = {"strict": result.strict, "partial": result.partial, "soft": result.soft, **result.by_kind}
+        details = {"strict": result.strict, "partial": result.partial, "soft": result.soft,
+                   "motion_soft": result.motion_soft, **result.by_kind}
         details = {k: torch.where(mask, v, nan) for k, v in details.items()}
-        return RewardOutput(details[self.mode].clone(), details)
+        return RewardOutput(details["motion_soft" if self.mode == "motion" else self.mode].clone(), details)
 
 
 def load_shapes_video_eval(checkpoint=None, *, weights="pretrained", **options) -> ShapesVideoEvalReward:

@@ -173,13 +173,17 @@ def all_motion_specs(speeds: tuple[int, ...] = SPEEDS) -> list[MotionSpec]:
 # ----------------------------------------------------------------------------------------------
 # sampling and rendering
 # ----------------------------------------------------------------------------------------------
-def _travel_range(lo: float, hi: float, sign: int, travel: float, rng: random.Random) -> float:
-    """A start coordinate in [lo, hi] such that start + sign * travel stays in [lo, hi]."""
+def _check_fits(lo: float, hi: float, travel: float) -> None:
     if travel > hi - lo:
         raise RewardInputError(
             f"the clip is too long or too fast for the image: an object travels {travel:.2f} of the image side "
             f"but only {hi - lo:.2f} is free; use fewer frames, a lower speed or a larger size"
         )
+
+
+def _travel_range(lo: float, hi: float, sign: int, travel: float, rng: random.Random) -> float:
+    """A start coordinate in [lo, hi] such that start + sign * travel stays in [lo, hi]."""
+    _check_fits(lo, hi, travel)
     start = rng.uniform(lo, hi - travel)
     return start if sign > 0 else start + travel
 
@@ -204,9 +208,8 @@ def realize_clip(spec: MotionSpec, rng: random.Random, num_frames: int = DEFAULT
         travel = clause.speed * (num_frames - 1) / size
         lo, hi = s / 2 + margin, 1 - s / 2 - margin
         if centred:
+            _check_fits(lo, hi, travel)
             along = 0.5 - (dx + dy) * travel / 2
-            if travel > hi - lo:
-                _travel_range(lo, hi, dx + dy, travel, rng)  # raises: the clip does not fit
         else:
             along = _travel_range(lo, hi, dx + dy, travel, rng)
         if two:  # the lane across the motion: half k of the image
@@ -263,6 +266,7 @@ class MotionCheckResult:
     soft: torch.Tensor  # (B,) partial with the motion clauses scored by closeness (MotionClauseResult.closeness)
     by_kind: dict[str, torch.Tensor]  # fraction of clauses of each kind that hold
     clauses: list[list[MotionClauseResult]]
+    motion_soft: torch.Tensor | None = None  # (B,) mean closeness of the motion clauses alone
 
 
 def fit_velocity(track: torch.Tensor) -> torch.Tensor:
@@ -333,7 +337,9 @@ def check_clips(specs: list[MotionSpec], videos: torch.Tensor) -> MotionCheckRes
             mine = [r.passed for r in res if r.kind == kind]
             vals.append(sum(mine) / len(mine) if mine else float("nan"))
         by_kind[kind] = torch.tensor(vals)
-    return MotionCheckResult(strict, partial, soft, by_kind, results)
+    motion_soft = torch.tensor([sum(r.soft for r in res if r.kind == "motion") / sum(r.kind == "motion" for r in res)
+                                for res in results])
+    return MotionCheckResult(strict, partial, soft, by_kind, results, motion_soft)
 
 
 def evaluate_clips(prompts_or_specs: list[str] | list[MotionSpec], videos: torch.Tensor) -> MotionCheckResult:
