@@ -18,6 +18,7 @@ from diffusion_rl.config import RunConfig, load_config
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 REAL = [p for p in RECIPES if not p.name.startswith("shapes_")]
+RESULT_CONFIGS = sorted((ROOT / "docs" / "results").glob("*/configs/*.yaml"))  # configs of documented runs
 # the model family of each real model id the recipes use (what the tiny substitute must match)
 FAMILY = {"stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/FLUX.1-dev": "flux",
           "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
@@ -63,6 +64,14 @@ def test_every_recipe_passes_check(recipe, tmp_path, capsys, monkeypatch):
     assert out.out.startswith("OK ") and "rewards" in out.out
     for name in raw["reward"]["rewards"]:
         assert name in out.out
+
+
+@pytest.mark.parametrize("config", RESULT_CONFIGS, ids=lambda p: p.parent.parent.name + "/" + p.name)
+def test_configs_of_documented_runs_pass_check(config, tmp_path, capsys, monkeypatch):
+    """The configs a results page cites still load and check from another directory (their paths are relative)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "--config", str(config), "--check", "--num-processes", "1"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("OK ")
 
 
 @pytest.fixture(scope="module")
