@@ -292,7 +292,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         description="Moving-shapes clips' exact checker: shape, colour per frame, count, motion direction and speed",
         modalities=("video",),
         needs_weights=False,
-        score_range="[0, 1]: strict 0/1, partial = fraction of clauses that hold",
+        score_range="[0, 1]: strict 0/1, partial = fraction of clauses that hold, soft and motion graded by closeness",
         preprocess="none: per-frame colour segmentation on the [0, 1] pixels (built for 8 frames at 32 px)",
         tiny_options={"mode": "partial", "unknown_prompt": "nan"},
     ),
