@@ -264,9 +264,9 @@ class MotionCheckResult:
     strict: torch.Tensor  # (B,) 1 when every clause holds
     partial: torch.Tensor  # (B,) fraction of clauses that hold
     soft: torch.Tensor  # (B,) partial with the motion clauses scored by closeness (MotionClauseResult.closeness)
+    motion_soft: torch.Tensor  # (B,) mean closeness of the motion clauses alone
     by_kind: dict[str, torch.Tensor]  # fraction of clauses of each kind that hold
     clauses: list[list[MotionClauseResult]]
-    motion_soft: torch.Tensor | None = None  # (B,) mean closeness of the motion clauses alone
 
 
 def fit_velocity(track: torch.Tensor) -> torch.Tensor:
@@ -314,6 +314,10 @@ def check_clip(spec: MotionSpec, per_frame: list[list[dict]], width: int, height
     return out
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
 def check_clips(specs: list[MotionSpec], videos: torch.Tensor) -> MotionCheckResult:
     """Check a float (B, T, 3, H, W) batch in [0, 1] against one spec per clip."""
     from mmreward.synthetic.checker import detect
@@ -330,16 +334,10 @@ def check_clips(specs: list[MotionSpec], videos: torch.Tensor) -> MotionCheckRes
     strict = torch.tensor([float(all(r.passed for r in res)) for res in results])
     partial = torch.tensor([sum(r.passed for r in res) / len(res) for res in results])
     soft = torch.tensor([sum(r.soft for r in res) / len(res) for res in results])
-    by_kind = {}
-    for kind in MOTION_CLAUSE_KINDS:
-        vals = []
-        for res in results:
-            mine = [r.passed for r in res if r.kind == kind]
-            vals.append(sum(mine) / len(mine) if mine else float("nan"))
-        by_kind[kind] = torch.tensor(vals)
-    motion_soft = torch.tensor([sum(r.soft for r in res if r.kind == "motion") / sum(r.kind == "motion" for r in res)
-                                for res in results])
-    return MotionCheckResult(strict, partial, soft, by_kind, results, motion_soft)
+    motion_soft = torch.tensor([_mean([r.soft for r in res if r.kind == "motion"]) for res in results])
+    by_kind = {kind: torch.tensor([_mean([float(r.passed) for r in res if r.kind == kind]) for res in results])
+               for kind in MOTION_CLAUSE_KINDS}
+    return MotionCheckResult(strict, partial, soft, motion_soft, by_kind, results)
 
 
 def evaluate_clips(prompts_or_specs: list[str] | list[MotionSpec], videos: torch.Tensor) -> MotionCheckResult:
