@@ -458,10 +458,10 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         name="shapes-edit-eval",
         loader="mmreward.models.shapes_edit_eval:load_shapes_edit_eval",
         description="Exact ShapesWorld edit checker: the requested colour/shape change or added object, the "
-        "other objects and the background unchanged (strict/partial)",
+        "other objects and the background unchanged (strict/partial/gated)",
         modalities=("image",),
         needs_weights=False,
-        score_range="strict: 0/1; partial: fraction of 4 clauses",
+        score_range="strict: 0/1; partial: fraction of 4 clauses; gated: partial if the edit is there, else 0",
         preprocess="source image resized to the edit's size; palette segmentation and template detection",
     ),
 )

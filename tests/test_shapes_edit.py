@@ -154,6 +154,25 @@ def test_shapes_edit_eval_reward_from_edit_records(tmp_path):
         strict.score([t.instruction for t in tasks[:1]], targets[:1])
 
 
+def test_gated_mode_gives_nothing_for_an_untouched_source_and_partial_credit_for_a_sloppy_edit(tmp_path):
+    from mmreward.prompt_sources import load_prompts, score_with_metadata
+
+    tasks = sample_edit_tasks(8, seed=5, split="all")
+    prompts = load_prompts(str(write_edit_dataset(tmp_path / "edits", tasks)))
+    gated = mmreward.load("shapes-edit-eval", mode="gated")
+    sources, targets = render_edit_targets(tasks)
+    untouched = score_with_metadata(gated, list(prompts), sources, prompts)
+    # partial pays 0.5-0.75 for leaving the source alone; gated pays nothing
+    assert untouched.scores.tolist() == [0.0] * 8 and bool((untouched.details["partial"] >= 0.5).all())
+    sloppy = targets.clone()
+    sloppy[:, :, :6, :6] = (sloppy[:, :, :6, :6] + 0.3).clamp(0, 1)  # a faint smudge in the top-left corner
+    out = score_with_metadata(gated, list(prompts), sloppy, prompts)
+    assert torch.equal(out.scores, out.details["partial"] * out.details["edit"])
+    # the smudge breaks the background clause wherever no object covers the corner: partial credit, not 0 or 1
+    assert int(((out.details["edit"] == 1) & (out.scores > 0) & (out.scores < 1)).sum()) >= 4
+    assert score_with_metadata(gated, list(prompts), targets, prompts).scores.tolist() == [1.0] * 8
+
+
 def test_shapes_edit_eval_conformance_with_sources():
     from mmreward.testing.conformance import check_conformance
 

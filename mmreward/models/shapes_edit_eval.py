@@ -6,6 +6,8 @@ what edit records carry). Images of different sizes are compared at the smaller 
 checks the requested change, the other objects, the object count and the untouched background.
   mode="strict"  1 when every clause holds, else 0
   mode="partial" the fraction of the four clauses that hold
+  mode="gated"   partial when the requested edit is there, else 0: a training reward for which leaving the
+                 source untouched scores 0 (under "partial" it scores 0.75, a local optimum RL drifts to)
 details: strict, partial and each clause (edit, preserved, no_extra, background) as 0/1.
 """
 
@@ -17,7 +19,7 @@ from mmreward.edit import source_image_list
 from mmreward.errors import RewardInputError
 from mmreward.types import Reward, RewardOutput
 
-MODES = ("strict", "partial")
+MODES = ("strict", "partial", "gated")
 
 
 class ShapesEditEval(Reward):
@@ -45,7 +47,7 @@ class ShapesEditEval(Reward):
         sources = torch.stack([_shrink(s[None].float(), h, w)[0] for s in srcs]).to(media.device)
         res = check_edits(list(prompts), sources, _shrink(media.float(), h, w))
         details = {"strict": res.strict, "partial": res.partial, **res.clauses}
-        scores = res.strict if self.mode == "strict" else res.partial
+        scores = {"strict": res.strict, "partial": res.partial, "gated": res.partial * res.clauses["edit"]}[self.mode]
         return RewardOutput(scores.to(torch.float32), details)
 
 
