@@ -134,11 +134,15 @@ def test_shapes_edit_grpo_raises_held_out_edit_accuracy(tmp_path):
     assert main(["train", "--config", str(CONFIG), f"log.output_dir={out}", "log.progress=false"]) == 0
     evals = _evals(out)
     first, last = evals[0], evals[-1]
-    key = "eval/shapes-edit-eval/partial"
-    gain = last[key] - first[key]
-    se = math.hypot(first[key + "_se"], last[key + "_se"])
-    print(f"held-out partial: {first[key]:.3f} -> {last[key]:.3f} (gain {gain:+.3f}, {gain / se:.1f} SE)")
-    # measured 2026-11-24 on the shipped model: 0.193 +- 0.016 -> 0.346 +- 0.025 (+0.152, 5.0 SE; the SE of the gain
-    # is the hypot of the two evaluations' SEs), in the no_extra/background clauses; strict stays 0
-    assert gain >= 0.10, f"held-out partial gain {gain:+.3f} < 0.10"
-    assert gain >= 3 * se, f"gain {gain:+.3f} under 3 SE"
+    gains = {}
+    for clause in ("strict", "partial", "edit", "preserved", "no_extra", "background"):
+        key = f"eval/shapes-edit-eval/{clause}"
+        gains[clause] = (last[key] - first[key], math.hypot(first[key + "_se"], last[key + "_se"]))
+        print(f"held-out {clause}: {first[key]:.3f} -> {last[key]:.3f} (gain {gains[clause][0]:+.3f}, "
+              f"{gains[clause][0] / gains[clause][1]:.1f} SE)")
+    # the done-when criterion on the edit itself (the clause that the requested change is there; the SE of the gain
+    # is the hypot of the two evaluations' SEs). SLOW_MEASURED
+    gain, se = gains["edit"]
+    assert gain >= 0.10, f"held-out edit-clause gain {gain:+.3f} < 0.10"
+    assert gain >= 3 * se, f"gain {gain:+.3f} under 3 SE ({se:.3f})"
+    assert gains["strict"][0] > 0, "the edits got more often right but strict accuracy did not rise"

@@ -32,7 +32,7 @@ from mmreward.synthetic.build import (
     train_video_generator,
 )
 
-STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 14350, "edit-model": 500}
+STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 14350, "edit-model": 2500}
 QUICK = {"clip": 3, "generator": 3, "pref": 2, "video-generator": 2, "edit-model": 2}
 
 

@@ -1,6 +1,6 @@
 """Train the tiny ShapesWorld instruction-editing model as a standard diffusers FluxKontextPipeline.
 
-    python -m mmreward.synthetic.build.train_edit_model --out assets/shapesworld/edit-model --steps 1500
+    python -m mmreward.synthetic.build.train_edit_model --out assets/shapesworld/edit-model --steps 2500
 
 Components (stock diffusers / transformers classes, saved with `pipe.save_pretrained`):
 - transformer: a small FluxTransformer2DModel on 32x32 RGB pixels. Kontext packs 2x2 latent patches, so with
@@ -46,7 +46,7 @@ GENERATION_DEFAULTS = {"height": 32, "width": 32, "max_area": 32 * 32, "_auto_re
 class EditTrainConfig:
     out: str = "assets/shapesworld/edit-model"
     work: str = "build/shapesworld/edit-model"
-    steps: int = 1500
+    steps: int = 2500
     batch_size: int = 16
     lr: float = 1e-3
     warmup: int = 50
