@@ -155,3 +155,16 @@ def test_bad_arguments_raise_clear_errors(xv):
         K.ddim_step(x, v, 0.5, 0.6, prediction_type="flow")
     with pytest.raises(ConfigError, match="one entry per batch item"):
         K.ode_step(x, v, torch.ones(5), 0.4)
+
+
+def test_ddim_at_zero_terminal_snr_puts_no_noise_direction_into_the_mean():
+    # CogVideoX's first step: a_t = 0 (rescaled betas), eta = 1, so sigma^2 = 1 - a_prev and the eps direction
+    # sqrt(1 - a_prev - sigma^2) is exactly 0: the mean is sqrt(a_prev) x0 with x0 = -v (v-prediction at a_t = 0)
+    g = torch.Generator().manual_seed(0)
+    x, v = 3 * torch.randn(2, 4, 3, 8, 8, generator=g), torch.randn(2, 4, 3, 8, 8, generator=g)
+    for a_prev in (0.07543450555643426, 0.3, 0.9):
+        res = K.ddim_step(x, v, 0.0, a_prev, eta=1.0, prediction_type="v_prediction")
+        want = -math.sqrt(a_prev) * v.double()
+        # float32 rounding of the mean itself only: a leak of the 1e-4 cancellation residue times |x| ~ 10 fails
+        assert float((res.mean.double() - want).abs().max()) <= 1e-6 * float(want.abs().max())
+        assert res.std.flatten()[0].item() == pytest.approx(math.sqrt(1 - a_prev), rel=1e-6)
