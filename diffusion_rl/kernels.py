@@ -243,12 +243,11 @@ def ddim_step(
     x, out = x.to(dtype), model_output.to(dtype)
     # the coefficients in float64: at a zero-terminal-SNR step (a_t = 0, CogVideoX) with eta = 1, sigma_t^2 equals
     # 1 - a_prev, and in float32 their difference rounds to ~1e-8, whose square root (1e-4) would leak into the mean
-    wide = torch.float32 if x.device.type == "mps" else torch.float64
-    a_t64, a_prev64 = _as(alpha_prod_t, x, wide), _as(alpha_prod_t_prev, x, wide)
-    variance64 = (1 - a_prev64) / (1 - a_t64) * (1 - a_t64 / a_prev64)
-    std64 = eta * variance64.clamp(min=0).sqrt()
-    direction = torch.clamp(1 - a_prev64 - std64**2, min=0).sqrt().to(dtype)
-    a_t, a_prev, std = a_t64.to(dtype), a_prev64.to(dtype), std64.to(dtype)
+    wide = torch.float32 if x.device.type == "mps" else torch.float64  # MPS has no float64
+    a_t, a_prev = _as(alpha_prod_t, x, wide), _as(alpha_prod_t_prev, x, wide)
+    std = eta * ((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)).clamp(min=0).sqrt()
+    direction = torch.clamp(1 - a_prev - std**2, min=0).sqrt().to(dtype)
+    a_t, a_prev, std = a_t.to(dtype), a_prev.to(dtype), std.to(dtype)
     b_t = 1 - a_t
     if prediction_type == "epsilon":
         x0 = (x - b_t.sqrt() * out) / a_t.sqrt()

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+from run_gains import gain, gain_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "assets" / "shapesworld" / "video-generator"
@@ -26,24 +27,13 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _gain(first: dict, last: dict, key: str) -> tuple[float, float]:
-    """(last - first, hypot of their SEs) of one evaluation metric."""
-    return last[key] - first[key], math.hypot(first[key + "_se"], last[key + "_se"])
-
-
-def _gain_text(first: dict, last: dict, key: str) -> str:
-    gain, se = _gain(first, last, key)
-    in_se = f"{gain / se:.1f} SE" if se > 0 else "no spread"  # e.g. strict 0 -> 0: both SEs are 0
-    return f"{first[key]:.3f} -> {last[key]:.3f} (gain {gain:+.3f}, {in_se})"
-
-
 def test_gain_text_handles_metrics_without_spread():
     first = {"m": 0.393, "m_se": 0.025, "z": 0.0, "z_se": 0.0}
     last = {"m": 0.523, "m_se": 0.0255, "z": 0.0, "z_se": 0.0}
-    gain, se = _gain(first, last, "m")
-    assert gain == pytest.approx(0.130) and se == pytest.approx(math.sqrt(0.025**2 + 0.0255**2))
-    assert _gain_text(first, last, "m") == "0.393 -> 0.523 (gain +0.130, 3.6 SE)"
-    assert _gain_text(first, last, "z") == "0.000 -> 0.000 (gain +0.000, no spread)"
+    g, se = gain(first, last, "m")
+    assert g == pytest.approx(0.130) and se == pytest.approx(math.sqrt(0.025**2 + 0.0255**2))
+    assert gain_text(first, last, "m") == "0.393 -> 0.523 (gain +0.130, 3.6 SE)"
+    assert gain_text(first, last, "z") == "0.000 -> 0.000 (gain +0.000, no spread)"
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +106,10 @@ def test_shapes_video_grpo_raises_held_out_motion_accuracy(tmp_path):
     evals = [r for r in _rows(out) if KEY in r]
     first, last = evals[0], evals[-1]
     for metric in ("strict", "partial", "motion"):
-        print(f"held-out {metric}: " + _gain_text(first, last, f"eval/shapes-video-eval/{metric}"))
+        print(f"held-out {metric}: " + gain_text(first, last, f"eval/shapes-video-eval/{metric}"))
     # the done-when criterion, on held-out motion accuracy: >= 0.10 absolute and >= 3 SE (hypot of the two
     # evaluations' SEs: unpaired, conservative, since both evaluations share their initial noise)
     key = "eval/shapes-video-eval/motion"
-    gain, se = _gain(first, last, key)
-    assert gain >= 0.10, f"held-out motion gain {gain:+.3f} < 0.10"
-    assert gain >= 3 * se, f"gain {gain:+.3f} under 3 SE ({se:.3f})"
+    motion_gain, se = gain(first, last, key)
+    assert motion_gain >= 0.10, f"held-out motion gain {motion_gain:+.3f} < 0.10"
+    assert motion_gain >= 3 * se, f"gain {motion_gain:+.3f} under 3 SE ({se:.3f})"
