@@ -1,6 +1,6 @@
-"""The tiny ShapesWorld edit model (a FluxKontextPipeline): trainer, build entry, and GRPO on it with the exact
-edit checker. Slow: the full GRPO run and the shipped model's measurement; the default suite keeps a quick
-build and a 1-iteration smoke run of the config."""
+"""The tiny ShapesWorld edit model (a FluxKontextPipeline): trainer, build entry, and GRPO and DiffusionNFT on it
+with the exact edit checker. Slow: the full runs of both configs and the shipped model's measurement; the default
+suite keeps a quick build and a 1-iteration smoke run of each config."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from run_gains import gain, gain_text
 ROOT = Path(__file__).resolve().parents[1]
 EDIT_MODEL = ROOT / "assets" / "shapesworld" / "edit-model"
 CONFIG = ROOT / "configs" / "shapes_edit_grpo.yaml"
+NFT_CONFIG = ROOT / "configs" / "shapes_edit_nft.yaml"
 needs_edit_model = pytest.mark.skipif(not (EDIT_MODEL / "model_index.json").is_file(),
                                       reason="assets/shapesworld/edit-model is not built")
 
@@ -97,21 +98,50 @@ def _evals(out: Path) -> list[dict]:
     return [r for r in rows if "eval/shapes-edit-eval/strict" in r]
 
 
+def _smoke_overrides(quick_build: Path) -> list[str]:
+    return ["train.iterations=1", "sample.prompts_per_iteration=2", "sample.group_size=2", "sample.batch_size=4",
+            "train.micro_batch_size=4", "sample.num_steps=2", "sample.eval_num_steps=2", "train.num_minibatches=1",
+            "prompts.eval_samples_per_prompt=1", "log.eval_every=0", f"model.pretrained={quick_build}",
+            f"prompts.train={quick_build / 'prompts/train/edits.jsonl'}",
+            f"prompts.eval={quick_build / 'prompts/heldout/edits.jsonl'}"]
+
+
 def test_shapes_edit_grpo_config_smoke(quick_build, tmp_path):
     from diffusion_rl.cli import main
 
     out = tmp_path / "run"
-    small = ["train.iterations=1", "sample.prompts_per_iteration=2", "sample.group_size=2", "sample.batch_size=4",
-             "train.micro_batch_size=4", "sample.num_steps=2", "sample.sde_window=[0, 1]", "sample.eval_num_steps=2",
-             "train.num_minibatches=1", "prompts.eval_samples_per_prompt=1", "log.eval_every=0",
-             f"model.pretrained={quick_build}", f"prompts.train={quick_build / 'prompts/train/edits.jsonl'}",
-             f"prompts.eval={quick_build / 'prompts/heldout/edits.jsonl'}"]
+    small = [*_smoke_overrides(quick_build), "sample.sde_window=[0, 1]"]
     assert main(["train", "--config", str(CONFIG), *small, f"log.output_dir={out}", "log.progress=false"]) == 0
     evals = _evals(out)
     assert len(evals) == 2
     for row in evals:  # 64 held-out edits, each clause reported
         assert 0 <= row["eval/shapes-edit-eval/strict"] <= row["eval/shapes-edit-eval/partial"] <= 1
         assert "eval/shapes-edit-eval/background" in row
+
+
+@needs_edit_model
+def test_shapes_edit_nft_config_smoke(tmp_path):
+    """One DiffusionNFT iteration of the shipped edit config on the shipped edit model (the quick build never edits,
+    so its rewards are all 0, every r is 1/2 and NFT's gradient vanishes): it trains on the edit records (the
+    source is in the condition), moves the weights, and evaluates every clause."""
+    from safetensors.torch import load_file
+
+    from diffusion_rl.cli import main
+
+    out = tmp_path / "run"
+    small = [*_smoke_overrides(EDIT_MODEL), "sample.num_steps=8", "sample.group_size=4", "sample.batch_size=8",
+             "train.micro_batch_size=8"]
+    assert main(["train", "--config", str(NFT_CONFIG), *small, f"log.output_dir={out}", "log.progress=false"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/loss" in r]
+    assert len(train) == 1 and torch.isfinite(torch.tensor(train[0]["train/loss"]))
+    assert train[0]["reward/shapes-edit-eval_std"] > 0, "no reward spread: the step below would not test anything"
+    assert len(_evals(out)) == 2
+    before = load_file(next((EDIT_MODEL / "transformer").glob("*.safetensors")))
+    after = load_file(next((out / "final" / "transformer").glob("*.safetensors")))
+    assert before.keys() == after.keys()
+    moved = max((after[k].float() - before[k].float()).abs().max().item() for k in before)
+    assert moved > 1e-6, "one NFT step on rewards with spread left the weights unchanged"
 
 
 @needs_edit_model
@@ -125,15 +155,12 @@ def test_shipped_edit_model_reproduces_its_card(tmp_path):
         assert got[split]["partial"] == pytest.approx(card[split]["partial"], abs=2 * card[split]["partial_se"])
 
 
-@needs_edit_model
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="measured 2026-11-27: held-out edit clause 0.238 -> 0.297 (+0.059, 1.5 SE) "
-                   "after 160 iterations; the issue's bar (+0.10 and 3 SE) is not met (README, Image editing)")
-def test_shapes_edit_grpo_raises_held_out_edit_accuracy(tmp_path):
+def _assert_edit_bar(config: Path, out: Path) -> None:
+    """Train `config` to its end and assert the issue's bar on the held-out edits: the edit clause (the requested
+    change is there) up by >= 0.10 and >= 3 SE (the hypot of the two evaluations' SEs), and strict accuracy up."""
     from diffusion_rl.cli import main
 
-    out = tmp_path / "run"
-    assert main(["train", "--config", str(CONFIG), f"log.output_dir={out}", "log.progress=false"]) == 0
+    assert main(["train", "--config", str(config), f"log.output_dir={out}", "log.progress=false"]) == 0
     evals = _evals(out)
     first, last = evals[0], evals[-1]
     gains = {}
@@ -141,9 +168,21 @@ def test_shapes_edit_grpo_raises_held_out_edit_accuracy(tmp_path):
         key = f"eval/shapes-edit-eval/{clause}"
         gains[clause] = gain(first, last, key)
         print(f"held-out {clause}: " + gain_text(first, last, key))
-    # the done-when criterion on the edit itself (the clause that the requested change is there; the SE of the gain
-    # is the hypot of the two evaluations' SEs)
     edit_gain, se = gains["edit"]
     assert edit_gain >= 0.10, f"held-out edit-clause gain {edit_gain:+.3f} < 0.10"
     assert edit_gain >= 3 * se, f"gain {edit_gain:+.3f} under 3 SE ({se:.3f})"
     assert gains["strict"][0] > 0, "the edits got more often right but strict accuracy did not rise"
+
+
+@needs_edit_model
+@pytest.mark.slow
+def test_shapes_edit_nft_raises_held_out_edit_accuracy(tmp_path):
+    _assert_edit_bar(NFT_CONFIG, tmp_path / "run")
+
+
+@needs_edit_model
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="measured 2026-11-27: held-out edit clause 0.238 -> 0.297 (+0.059, 1.5 SE) "
+                   "after 160 iterations; GRPO does not reach the issue's bar (+0.10 and 3 SE; README, Image editing)")
+def test_shapes_edit_grpo_raises_held_out_edit_accuracy(tmp_path):
+    _assert_edit_bar(CONFIG, tmp_path / "run")
