@@ -10,8 +10,9 @@ Layout read (one JSON object per triplet, .json list or .jsonl): {"id", "video",
 "chosen", "rejected", "dimension"} with the video path relative to the data folder; the dimension is
 one of long-form perception, short-form perception, knowledge, reasoning, safety (spelling variants
 such as "long_perception" or "Perception/Long-form" are accepted; see DIMENSION_ALIASES). The official
-repository and its evaluation script could not be read when this loader was written, so field names
-are those of the paper's description; records that use other names are rejected with the fields
+repository and its evaluation script could not be read when this loader was written (the data is on the Hub as
+Dragonriser/VideoRewardBench, whose card could not be read either), so field names are those of the paper's
+description; records that use other names are rejected with the fields
 expected, never guessed.
 
 Scalar rewards score each response as (question + response, video): credit when chosen > rejected
