@@ -165,8 +165,9 @@ PROMPT_SETS = {"train": (96, 0), "heldout": (64, 1)}  # split -> (number of edit
 
 
 def write_prompt_sets(folder: str | Path) -> dict[str, Path]:
-    """The edit records of configs/shapes_edit_grpo.yaml: `folder`/train (training split) and `folder`/heldout
-    (held-out split, the first tasks `evaluate_edit_model` measures), each source PNGs + edits.jsonl."""
+    """The edit records of configs/shapes_edit_grpo.yaml and shapes_edit_nft.yaml: `folder`/train (training split)
+    and `folder`/heldout (held-out split, the first tasks `evaluate_edit_model` measures), each source PNGs +
+    edits.jsonl."""
     from mmreward.synthetic.edits import write_edit_dataset
 
     return {split: write_edit_dataset(Path(folder) / split, sample_edit_tasks(n, seed=seed, split=split))
