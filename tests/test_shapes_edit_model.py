@@ -93,17 +93,20 @@ def test_quick_build_writes_a_loadable_kontext_pipeline_metrics_and_prompt_sets(
     assert [r["instruction"] for r in rows["heldout"]] == [t.instruction for t in sample_edit_tasks(64, 1, "heldout")]
 
 
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def _evals(out: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "eval/shapes-edit-eval/strict" in r]
+    return [r for r in _rows(out) if "eval/shapes-edit-eval/strict" in r]
 
 
-def _smoke_overrides(quick_build: Path) -> list[str]:
+def _smoke_overrides(model: Path) -> list[str]:
+    """A 1-iteration run of an edit config on `model` (a built edit-model folder, with its edit records)."""
     return ["train.iterations=1", "sample.prompts_per_iteration=2", "sample.group_size=2", "sample.batch_size=4",
             "train.micro_batch_size=4", "sample.num_steps=2", "sample.eval_num_steps=2", "train.num_minibatches=1",
-            "prompts.eval_samples_per_prompt=1", "log.eval_every=0", f"model.pretrained={quick_build}",
-            f"prompts.train={quick_build / 'prompts/train/edits.jsonl'}",
-            f"prompts.eval={quick_build / 'prompts/heldout/edits.jsonl'}"]
+            "prompts.eval_samples_per_prompt=1", "log.eval_every=0", f"model.pretrained={model}",
+            f"prompts.train={model / 'prompts/train/edits.jsonl'}", f"prompts.eval={model / 'prompts/heldout/edits.jsonl'}"]
 
 
 def test_shapes_edit_grpo_config_smoke(quick_build, tmp_path):
@@ -132,8 +135,7 @@ def test_shapes_edit_nft_config_smoke(tmp_path):
     small = [*_smoke_overrides(EDIT_MODEL), "sample.num_steps=8", "sample.group_size=4", "sample.batch_size=8",
              "train.micro_batch_size=8"]
     assert main(["train", "--config", str(NFT_CONFIG), *small, f"log.output_dir={out}", "log.progress=false"]) == 0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if "train/loss" in r]
+    train = [r for r in _rows(out) if "train/loss" in r]
     assert len(train) == 1 and torch.isfinite(torch.tensor(train[0]["train/loss"]))
     assert train[0]["reward/shapes-edit-eval_std"] > 0, "no reward spread: the step below would not test anything"
     assert len(_evals(out)) == 2
