@@ -136,6 +136,14 @@ def _add_train_serve_parsers(sub) -> None:
     s.add_argument("--max-request-bytes", type=int, default=64 * 2**20)
     s.add_argument("--num-replicas", type=int, default=1)
     s.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
+    h = s.add_argument_group("HTTP limits", "what one client may make the server hold, and for how long")
+    h.add_argument("--max-header-line-bytes", type=int, default=8192, help="request line and each header line")
+    h.add_argument("--max-headers", type=int, default=100, help="header fields per request")
+    h.add_argument("--max-header-bytes", type=int, default=65536, help="the whole request head")
+    h.add_argument("--header-timeout-s", type=float, default=10.0, help="from a request's first byte to its last header")
+    h.add_argument("--idle-timeout-s", type=float, default=5.0, help="close a connection idle this long")
+    h.add_argument("--body-timeout-s", type=float, default=120.0, help="the whole request body must arrive within this")
+    h.add_argument("--max-connections", type=int, default=256, help="connections served at once (more get 503)")
 
 
 def _options(pairs: Sequence[str], flag: str = "--option") -> dict[str, Any]:
@@ -573,7 +581,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device, host=args.host, port=args.port, token=args.token or os.environ.get("MMREWARD_TOKEN"),
         auth=not args.no_auth, max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_timeout_s,
         max_request_items=args.max_request_items, max_request_bytes=args.max_request_bytes,
-        num_replicas=args.num_replicas, num_gpus=args.num_gpus,
+        num_replicas=args.num_replicas, num_gpus=args.num_gpus, max_header_line_bytes=args.max_header_line_bytes,
+        max_headers=args.max_headers, max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
+        idle_timeout_s=args.idle_timeout_s, body_timeout_s=args.body_timeout_s, max_connections=args.max_connections,
     )
     if cfg.auth and not (args.token or os.environ.get("MMREWARD_TOKEN")):
         print(f"mmreward serve: generated bearer token: {cfg.token}", file=sys.stderr, flush=True)

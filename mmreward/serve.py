@@ -22,7 +22,10 @@ reward yields NaN/inf on that request's media, 500 (no internals in the text) fo
 Safety defaults: bind to 127.0.0.1; every POST needs `Authorization: Bearer <token>` (a random token is
 generated and printed when none is given; `--no-auth` must be explicit); a body above `max_request_bytes`
 is refused with 413 as soon as that many bytes have been read (chunked bodies included), and a request
-of more than `max_request_items` items before its data is decoded.
+of more than `max_request_items` items before its data is decoded. Clients reach the server through a
+bounded HTTP front end (mmreward.serve_http: header line, count and size caps, idle, header and body
+timeouts, a connection cap, the token checked before any body byte), with Ray Serve's proxy behind it on a
+private loopback port.
 """
 
 from __future__ import annotations
@@ -72,8 +75,17 @@ class ServeConfig:
     num_replicas: int = 1
     num_gpus: float = 0.0  # per replica
     num_cpus: float = 1.0  # per replica
+    # the HTTP front end (mmreward.serve_http): what an unauthenticated client can make the server hold
+    max_header_line_bytes: int = 8192  # request line and each header line (414 / 431)
+    max_headers: int = 100  # header fields per request (431)
+    max_header_bytes: int = 64 * 1024  # the whole request head (431)
+    header_timeout_s: float = 10.0  # first byte to end of head (408, slowloris)
+    idle_timeout_s: float = 5.0  # a connection with no request in flight is closed after this
+    body_timeout_s: float = 120.0  # the whole body must arrive within this (408)
+    max_connections: int = 256  # served at once; one more is answered 503
 
     def __post_init__(self) -> None:
+        self.http_limits()  # validates the front end's limits now, not when the server starts
         if self.max_batch_size < 1 or self.max_request_items < 1 or self.max_request_bytes < 1:
             raise ConfigError("max_batch_size, max_request_items and max_request_bytes must be >= 1")
         if self.batch_wait_timeout_s < 0:
@@ -84,6 +96,15 @@ class ServeConfig:
             raise ConfigError(f"num_replicas must be >= 1, got {self.num_replicas}")
         if self.auth and not self.token:
             self.token = secrets.token_urlsafe(24)
+
+
+    def http_limits(self):
+        from mmreward.serve_http import HTTPLimits
+
+        return HTTPLimits(max_line_bytes=self.max_header_line_bytes, max_headers=self.max_headers,
+                          max_header_bytes=self.max_header_bytes, max_body_bytes=self.max_request_bytes,
+                          header_timeout_s=self.header_timeout_s, idle_timeout_s=self.idle_timeout_s,
+                          body_timeout_s=self.body_timeout_s, max_connections=self.max_connections)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -473,13 +494,28 @@ def _loopback_ray():
             os.environ[var] = old_env
 
 
-def start(cfg: ServeConfig, *, blocking: bool = False, ray_init: dict | None = None):
-    """Start Ray (locally unless RAY_ADDRESS says otherwise), bind the HTTP proxy and deploy.
+_FRONT_END = None  # the running mmreward.serve_http.FrontEnd of this process
 
-    When we start Ray ourselves and `cfg.host` is loopback, Ray's own ports (GCS, raylet, workers, agents)
-    listen on loopback too; the dashboard is not started.
+
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cfg: ServeConfig, *, blocking: bool = False, ray_init: dict | None = None) -> str:
+    """Start Ray (locally unless RAY_ADDRESS says otherwise), deploy, and listen on `cfg.host`:`cfg.port`.
+
+    Clients talk to our bounded HTTP front end (mmreward.serve_http) in this process; Ray Serve's own proxy
+    listens on a private 127.0.0.1 port behind it, since it buffers request heads without limit. When we
+    start Ray ourselves and `cfg.host` is loopback, Ray's own ports (GCS, raylet, workers, agents) listen on
+    loopback too; the dashboard is not started. Returns the URL (`cfg.port=0` picks a free port).
     """
+    global _FRONT_END
     from mmreward.errors import require
+    from mmreward.serve_http import FrontEnd
 
     ray = require("ray", "serve", "the reward server")
     serve = require("ray.serve", "serve", "the reward server")
@@ -491,15 +527,29 @@ def start(cfg: ServeConfig, *, blocking: bool = False, ray_init: dict | None = N
                 ray.init(**kwargs)
         else:
             ray.init(**kwargs)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
-    serve.run(build_app(cfg), name="mmreward", route_prefix="/", blocking=blocking)
-    return f"http://{cfg.host}:{cfg.port}"
+    upstream = ("127.0.0.1", _free_loopback_port())
+    serve.start(http_options={"host": upstream[0], "port": upstream[1]}, logging_config={"log_level": "WARNING"})
+    serve.run(build_app(cfg), name="mmreward", route_prefix="/", blocking=False)
+    front = FrontEnd(cfg.host, cfg.port, upstream, token=cfg.token if cfg.auth else None, limits=cfg.http_limits())
+    port = front.start()
+    _FRONT_END = front
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    if blocking:
+        import time
+
+        while True:
+            time.sleep(3600)
+    return f"http://{host}:{port}"
 
 
 def shutdown() -> None:
+    global _FRONT_END
     import ray
     from ray import serve
 
+    if _FRONT_END is not None:
+        _FRONT_END.stop()
+        _FRONT_END = None
     serve.shutdown()
     ray.shutdown()
 
