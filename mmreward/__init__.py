@@ -5,6 +5,7 @@
     >>> out = reward.score("a photo", ["img.png"])      # out.scores: (B,) float tensor
 """
 
+from mmreward.dependency_versions import check_installed_versions
 from mmreward.errors import (
     CheckpointError,
     ConfigError,
@@ -16,8 +17,11 @@ from mmreward.errors import (
     UnknownOptionError,
     UnknownRewardError,
 )
-from mmreward.registry import RewardSpec, get_spec, list_rewards, load, register_reward
-from mmreward.types import PairwiseOutput, Reward, RewardOutput
+
+check_installed_versions()  # an older transformers fails here, naming the upgrade, not deep in a model load
+
+from mmreward.registry import RewardSpec, get_spec, list_rewards, load, register_reward  # noqa: E402
+from mmreward.types import PairwiseOutput, Reward, RewardOutput  # noqa: E402
 
 __version__ = "0.1.0"
 
