@@ -114,9 +114,10 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         description="GenEval-style compositional reward: objects, counts, colours and relative positions from a detector",
         default_checkpoint="google/owlv2-base-patch16-ensemble",
         requires=("transformers",),
-        score_range="strict: {0, 1}; partial: [0, 1] mean per-clause credit",
-        preprocess="detector's own (OWLv2: pad to square bottom/right, resize 960, CLIP mean/std)",
-        tiny_options={"detector": "owlv2", "score": "partial", "score_threshold": 0.5, "counting_threshold": 0.5},
+        score_range="accuracy, strict: {0, 1}; dense: mean of per-clause terms, <= 1 (negative with many extra objects)",
+        preprocess="detector's own (OWLv2: pad to square bottom/right, resize 960, CLIP mean/std); colour: CLIP's",
+        tiny_options={"detector": "owlv2", "score": "dense", "colors": "hsv", "score_threshold": 0.5,
+                      "counting_threshold": 0.5},
     ),
     RewardSpec(
         name="jpeg-compressibility",

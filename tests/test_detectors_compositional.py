@@ -1,4 +1,4 @@
-"""Compositional (GenEval-style) reward: parser, clause rules on canned detections, OWLv2 loader, ShapesWorld agreement."""
+"""Compositional (GenEval) reward: parser, clause rules on canned detections, OWLv2 loader, ShapesWorld agreement."""
 
 from __future__ import annotations
 
@@ -45,38 +45,48 @@ def det(label, score=0.95, box=(0, 0, 10, 10), color=None):
 
 def test_clause_rules_on_canned_detections():
     th = Thresholds()
-    # single object: a low-score detection is not an object
-    assert evaluate(parse_prompt("a dog"), [det("dog", 0.2)], thresholds=th).strict is False
-    assert evaluate(parse_prompt("a dog"), [det("dog", 0.35)], thresholds=th).strict is True
-    # empty detection list: everything fails, partial 0
+    # single object: a detection counts only strictly above 0.3 (GenEval's `>`)
+    assert evaluate(parse_prompt("a dog"), [det("dog", 0.2)], thresholds=th).accuracy is False
+    assert evaluate(parse_prompt("a dog"), [det("dog", 0.3)], thresholds=th).accuracy is False
+    assert evaluate(parse_prompt("a dog"), [det("dog", 0.35)], thresholds=th).accuracy is True
+    # empty detection list: everything fails, dense 0
     ev = evaluate(parse_prompt("a dog and a cat"), [], thresholds=th)
-    assert ev.strict is False and ev.partial == 0.0 and "expected 1 dog, found 0" in ev.reason()
+    assert (ev.accuracy, ev.strict, ev.score) == (False, False, 0.0) and "expected dog>=1, found 0" in ev.reason()
     ev = evaluate(parse_prompt("a dog and a cat"), [det("dog")], thresholds=th)
-    assert ev.strict is False and ev.partial == 0.5
-    # counting: the 0.9 threshold, exact count (count + 1 excluded), partial 1 - |n - found| / n
+    assert ev.accuracy is False and ev.score == 0.5
+    # two dogs for "a dog": GenEval's accuracy passes (>=), Flow-GRPO's strict does not (==), dense 1 - 1/1 = 0
+    ev = evaluate(parse_prompt("a dog"), [det("dog", 0.9), det("dog", 0.8)], thresholds=th)
+    assert (ev.accuracy, ev.strict, ev.score) == (True, False, 0.0)
+    # counting: the 0.9 threshold, count + 1 excluded, dense 1 - |n - found| / n (negative past 2n, as the original)
     three = parse_prompt("three apples")
-    assert evaluate(three, [det("apple")] * 3, thresholds=th).strict is True
-    assert evaluate(three, [det("apple", 0.85)] * 3, thresholds=th).strict is False
+    assert evaluate(three, [det("apple")] * 3, thresholds=th).accuracy is True
+    assert evaluate(three, [det("apple", 0.85)] * 3, thresholds=th).accuracy is False
     four = evaluate(three, [det("apple")] * 4, thresholds=th)
-    assert four.strict is False and four.partial == pytest.approx(1 - 1 / 3)
-    assert evaluate(three, [det("apple")] * 2, thresholds=th).partial == pytest.approx(2 / 3)
-    assert evaluate(three, [det("apple")] * 9, thresholds=th).partial == 0.0
-    # counting zero
+    assert four.accuracy is False and four.strict is False and four.score == pytest.approx(1 - 1 / 3)
+    assert evaluate(three, [det("apple")] * 2, thresholds=th).score == pytest.approx(2 / 3)
+    assert evaluate(three, [det("apple")] * 9, thresholds=th).score == pytest.approx(1 - 6 / 3)
+    # counting zero: GenEval's accuracy passes it; Flow-GRPO would divide by zero, ours scores 1 when none is found
     zero = parse_prompt("zero cats")
-    assert evaluate(zero, [], thresholds=th).strict is True and evaluate(zero, [], thresholds=th).partial == 1.0
-    assert evaluate(zero, [det("cat")], thresholds=th).strict is False
-    # colour from the detector, or from the colour function
+    assert evaluate(zero, [], thresholds=th).accuracy is True and evaluate(zero, [], thresholds=th).score == 1.0
+    assert evaluate(zero, [det("cat")], thresholds=th).accuracy is False
+    # colour from the detector, or from the colour function; the `count` most confident objects must have it
     red_apple = parse_prompt("a red apple")
-    assert evaluate(red_apple, [det("apple", color="green")], thresholds=th).strict is False
-    assert evaluate(red_apple, [det("apple", color="red")], thresholds=th).strict is True
-    assert evaluate(red_apple, [det("apple")], color_of=lambda d: "red", thresholds=th).strict is True
-    # position: every target must stand in the relation
+    assert evaluate(red_apple, [det("apple", color="green")], thresholds=th).accuracy is False
+    assert evaluate(red_apple, [det("apple", color="red")], thresholds=th).accuracy is True
+    assert evaluate(red_apple, [det("apple")], colors=lambda objs, name: ["red"] * len(objs), thresholds=th).strict
+    ev = evaluate(red_apple, [det("apple", 0.9, color="green"), det("apple", 0.8, color="red")], thresholds=th)
+    assert ev.accuracy is False  # the top apple is green; a red one further down does not count
+    with pytest.raises(ConfigError, match="colour classifier"):
+        evaluate(red_apple, [det("apple")], thresholds=th)
+    # position: every target must stand in the relation; a failed relation scores [1, 0, 1] (the original's append)
     left = parse_prompt("a cat left of a dog")
     cat, dog = det("cat", box=(0, 0, 10, 10)), det("dog", box=(50, 0, 60, 10))
-    assert evaluate(left, [cat, dog], thresholds=th).strict is True
+    ev = evaluate(left, [cat, dog], thresholds=th)
+    assert ev.accuracy and ev.strict and ev.score == 1.0
     swapped = evaluate(left, [det("cat", box=(50, 0, 60, 10)), det("dog", box=(0, 0, 10, 10))], thresholds=th)
-    assert swapped.strict is False and swapped.partial == 0.5
-    assert evaluate(left, [cat], thresholds=th).strict is False  # no target to be left of
+    assert swapped.accuracy is False and swapped.terms == [1.0, 1.0, 0.0, 1.0] and swapped.score == 0.75
+    no_target = evaluate(left, [cat], thresholds=th)  # no target to be left of
+    assert no_target.accuracy is False and no_target.terms == [0.0, 1.0, 0.0]
 
 
 class CannedDetector:
@@ -94,24 +104,30 @@ def test_reward_with_canned_detector_and_pixel_colours():
     img[1, 2, :16, :16] = 1.0  # a blue one in image 1
     box = (0.0, 0.0, 16.0, 16.0)
     detector = CannedDetector([[det("square", box=box)], [det("square", box=box)]])
-    reward = mmreward.load("geneval", detector=detector)
+    reward = mmreward.load("geneval", detector=detector, colors="hsv")
     out = reward.score(["a photo of a red square", "a red square"], img)
     assert out.scores.tolist() == [1.0, 0.0]  # colour named from the pixels inside the box
     assert detector.calls[-1] == [["square"], ["square"]]
-    partial = mmreward.load("geneval", detector=CannedDetector([[], [det("square", box=box)]]), score="partial")
-    out = partial.score(["a square and a circle"] * 2, img)
+    dense = mmreward.load("geneval", detector=CannedDetector([[], [det("square", box=box)]]), score="dense", colors="hsv")
+    out = dense.score(["a square and a circle"] * 2, img)
     assert out.scores.tolist() == [0.0, 0.5] and out.details["strict"].tolist() == [0.0, 0.0]
+    assert out.details["accuracy"].tolist() == [0.0, 0.0]
     with pytest.raises(ConfigError, match="detector must"):
         mmreward.load("geneval", detector="mask2former")
     with pytest.raises(ConfigError, match="score must"):
-        mmreward.load("geneval", detector=detector, score="soft")
+        mmreward.load("geneval", detector=detector, score="soft", colors="hsv")
+    with pytest.raises(ConfigError, match="'dense' is Flow-GRPO's training reward"):
+        mmreward.load("geneval", detector=detector, score="partial", colors="hsv")
+    with pytest.raises(ConfigError, match="colors must"):
+        mmreward.load("geneval", detector=detector, colors="lab")
 
 
 def test_owlv2_checkpoint_folder_loads_and_detects(tmp_path, clip_tokenizer_dir):
     from mmreward.geneval.owlv2 import save_tiny_owlv2
 
     save_tiny_owlv2(tmp_path, clip_tokenizer_dir)
-    reward = mmreward.load("geneval", checkpoint=tmp_path, detector_options={"min_score": 0.0}, score="partial")
+    reward = mmreward.load("geneval", checkpoint=tmp_path, detector_options={"min_score": 0.0}, score="dense",
+                           colors="hsv")
     found = reward.detector.detect(torch.rand(2, 3, 48, 64), [["cat", "dog"], ["apple"]])
     assert len(found) == 2 and found[0] and found[1]
     assert {d.label for d in found[0]} <= {"cat", "dog"} and {d.label for d in found[1]} == {"apple"}

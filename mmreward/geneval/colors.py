@@ -1,15 +1,19 @@
 """Colour of a detected object from its pixels, for detectors that do not report colour.
 
-GenEval classifies colour with CLIP ViT-L/14 zero-shot on the object's masked crop; without a large
-CLIP offline we use the median colour of the box's central half, named by hue, saturation and value
-(thresholds tuned on saturated renders: a heuristic, pluggable through `color_of`).
+GenEval classifies colour with CLIP ViT-L/14 zero-shot on the object's masked crop
+(`mmreward.geneval.clip_colors`, the geneval reward's default). `HSVColors` is the named alternative
+`colors="hsv"`: the median colour of the box's central half, named by hue, saturation and value
+(thresholds tuned on saturated renders: a heuristic, not GenEval's classifier; no model needed).
 """
 
 from __future__ import annotations
 
 import colorsys
+from collections.abc import Sequence
 
 import torch
+
+from mmreward.geneval import Detection
 
 HUE_NAMES = ((15, "red"), (40, "orange"), (70, "yellow"), (165, "green"), (255, "blue"), (290, "purple"), (335, "pink"))
 
@@ -43,3 +47,10 @@ def box_color(image: torch.Tensor, box: tuple[float, float, float, float]) -> st
     region = image[:, top:bottom, left:right].reshape(3, -1).float()
     median = region.median(dim=1).values.clamp(0, 1).tolist()
     return name_color(tuple(median))
+
+
+class HSVColors:
+    """The HSV heuristic behind the colour-classifier interface `classify(image, objects, name)`."""
+
+    def classify(self, image: torch.Tensor, objects: Sequence[Detection], name: str) -> list[str]:
+        return [box_color(image, d.box) for d in objects]

@@ -1,22 +1,31 @@
-"""Compositional (GenEval-style) reward: does the image contain the objects, counts, colours and positions the prompt asks for?
+"""Compositional (GenEval) reward: does the image contain the objects, counts, colours and positions the prompt asks for?
 
 Prompts are parsed into clauses (GenEval's templates, `mmreward.geneval.prompt_parser`), or read from
 GenEval metadata rows passed as `score(..., metadata=)` (`{"tag", "include": [...]}`), a pluggable
-detector finds the named objects, and GenEval's rules decide each clause (`mmreward.geneval.evaluate`).
-score="strict" gives 1 when every clause holds (GenEval's accuracy, Flow-GRPO's GenEval reward);
-score="partial" averages per-clause credit for a denser signal. Both are always in `details`.
+detector finds the named objects, a colour classifier names their colours, and the originals' rules
+decide (`mmreward.geneval.evaluate`). Three quantities, all always in `details`:
+- score="accuracy": GenEval's `correct` (djghosh13/geneval evaluate_images.py; counts ">=", the
+  benchmark's number);
+- score="strict": Flow-GRPO's `strict_correct` (yifan123/reward-server gen_eval.py; counts "==");
+- score="dense": Flow-GRPO's `score`, the mean of per-clause terms `1 - |count - found| / count` plus
+  colour and position terms: the reward Flow-GRPO trains on (flow_grpo rewards.py uses `scores`).
 
-Detectors: "owlv2" (transformers Owlv2ForObjectDetection; checkpoint a hub id or folder, default
+Colours: colors="clip" (GenEval's: CLIP zero-shot on the masked crop over #999, default OpenAI
+ViT-L/14 in open_clip's layout, `color_checkpoint`), "hsv" (a pixel heuristic), or an object with
+`classify(image, objects, name)`. Detections that carry a colour (ShapesWorld) need neither.
+
+Detectors: GenEval's is mmdet Mask2Former Swin-S, not built here yet (see docs); "owlv2"
+(transformers Owlv2ForObjectDetection; checkpoint a hub id or folder, default
 google/owlv2-base-patch16-ensemble), "grounding-dino" (transformers GroundingDinoForObjectDetection,
 default IDEA-Research/grounding-dino-tiny; `detector_options` box_threshold/text_threshold),
 "shapesworld" (the exact analytic detector of the toy world), or any object with
-`detect(images, names)` passed as `detector=`.
+`detect(images, names)` passed as `detector=`. GenEval's thresholds (0.3, 0.9 for counting) were
+tuned on Mask2Former's scores; with other detectors they are a choice, not the original.
 """
-
 from __future__ import annotations
 
 import tempfile
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -24,6 +33,7 @@ from mmreward.errors import ConfigError
 from mmreward.types import Reward, RewardOutput
 
 OWLV2_CHECKPOINT = "google/owlv2-base-patch16-ensemble"
+SCORES = ("accuracy", "strict", "dense")
 
 
 class CompositionalReward(Reward):
@@ -41,25 +51,29 @@ class CompositionalReward(Reward):
         self,
         detector,
         *,
-        score: Literal["strict", "partial"] = "strict",
+        score: Literal["accuracy", "strict", "dense"] = "accuracy",
         score_threshold: float = 0.3,
         counting_threshold: float = 0.9,
         max_objects: int = 16,
         position_margin: float = 0.1,
-        color_of=None,
+        max_overlap: float = 1.0,
+        colors: Any = None,
         **kwargs,
     ) -> None:
         from mmreward.geneval.evaluate import Thresholds
 
         super().__init__(**kwargs)
-        if score not in ("strict", "partial"):
-            raise ConfigError(f"score must be 'strict' or 'partial', got {score!r}")
+        _check_score(score)
         if not callable(getattr(detector, "detect", None)):
             raise ConfigError(f"detector must have a detect(images, names) method, got {type(detector).__name__}")
         self.detector = detector
         self.score_kind = score
-        self.thresholds = Thresholds(score_threshold, counting_threshold, max_objects, position_margin)
-        self.color_of = color_of
+        self.thresholds = Thresholds(score_threshold, counting_threshold, max_objects, position_margin, max_overlap)
+        if colors is not None and not callable(getattr(colors, "classify", None)):
+            raise ConfigError(f"colors must have a classify(image, objects, name) method, got {type(colors).__name__}")
+        self.colors = colors
+        if isinstance(colors, torch.nn.Module):  # device moves and dtype reach the CLIP
+            self.color_module = colors
         # the detector's network (the detector itself, or the `.model` of OWLv2/Grounding DINO wrappers) is a
         # submodule, so that device moves and the `attention` choice (mmreward.attention) reach it
         module = detector if isinstance(detector, torch.nn.Module) else getattr(detector, "model", None)
@@ -67,7 +81,6 @@ class CompositionalReward(Reward):
             self.detector_module = module
 
     def evaluate(self, prompts: list[str], media, metadata: list[dict] | None = None):
-        from mmreward.geneval.colors import box_color
         from mmreward.geneval.evaluate import evaluate
         from mmreward.geneval.prompt_parser import parse_prompt, spec_from_metadata
 
@@ -81,19 +94,29 @@ class CompositionalReward(Reward):
         detections = self.detector.detect(media, names)
         results = []
         for spec, dets, image in zip(specs, detections, media):
-            color_of = self.color_of or (lambda d, image=image: box_color(image, d.box))
-            results.append(evaluate(spec, dets, color_of=color_of, thresholds=self.thresholds))
+            colors = None if self.colors is None else (lambda objs, name, image=image: self.colors.classify(image, objs, name))
+            results.append(evaluate(spec, dets, colors=colors, thresholds=self.thresholds))
         return results
 
     def _score(self, prompts, media, metadata: list[dict] | None = None):
         results = self.evaluate(prompts, media, metadata)
-        strict = torch.tensor([float(r.strict) for r in results])
-        partial = torch.tensor([r.partial for r in results], dtype=torch.float32)
-        return RewardOutput(
-            strict if self.score_kind == "strict" else partial,
-            {"strict": strict, "partial": partial},
-            rationales=[r.reason() for r in results],
+        details = {
+            "accuracy": torch.tensor([float(r.accuracy) for r in results]),
+            "strict": torch.tensor([float(r.strict) for r in results]),
+            "dense": torch.tensor([r.score for r in results], dtype=torch.float32),
+        }
+        return RewardOutput(details[self.score_kind], details, rationales=[r.reason() for r in results])
+
+
+def _check_score(score: str) -> None:
+    if score == "partial":
+        raise ConfigError(
+            "score='partial' was replaced by the originals' quantities: 'dense' is Flow-GRPO's training reward "
+            "(per-clause 1 - |count - found| / count with colour and position terms), 'accuracy' GenEval's, "
+            "'strict' Flow-GRPO's strict_correct"
         )
+    if score not in SCORES:
+        raise ConfigError(f"score must be one of {SCORES}, got {score!r}")
 
 
 def _owlv2(checkpoint: str | None, weights: str, detector_options: dict):
@@ -128,14 +151,21 @@ def load_geneval(
     *,
     weights: str = "pretrained",
     detector="owlv2",
-    score: Literal["strict", "partial"] = "strict",
+    score: Literal["accuracy", "strict", "dense"] = "accuracy",
     score_threshold: float | None = None,
     counting_threshold: float | None = None,
     max_objects: int = 16,
     position_margin: float = 0.1,
+    max_overlap: float = 1.0,
     detector_options: dict | None = None,
+    colors: Any = "clip",
+    color_checkpoint: str | None = None,
+    color_options: dict | None = None,
     micro_batch_size: int = 8,
 ) -> CompositionalReward:
+    """GenEval reward. `colors`: "clip" (GenEval's classifier; `color_checkpoint` an open_clip or transformers
+    CLIP, default OpenAI ViT-L/14; `color_options` for `load_clip_colors`), "hsv", or a classifier object."""
+    _check_score(score)
     if detector == "owlv2":
         det = _owlv2(checkpoint, weights, detector_options or {})
     elif detector == "grounding-dino":
@@ -157,11 +187,29 @@ def load_geneval(
         det = detector
     # GenEval's thresholds (0.3, 0.9 for counting) are for learned detectors; the analytic one is exact
     exact = detector == "shapesworld"
+    color_clf = _colors(colors, color_checkpoint, weights, color_options or {}, needed=not exact)
     if score_threshold is None:
         score_threshold = 0.0 if exact else 0.3
     if counting_threshold is None:
         counting_threshold = 0.0 if exact else 0.9
     return CompositionalReward(
         det, score=score, score_threshold=score_threshold, counting_threshold=counting_threshold,
-        max_objects=max_objects, position_margin=position_margin, micro_batch_size=micro_batch_size,
+        max_objects=max_objects, position_margin=position_margin, max_overlap=max_overlap, colors=color_clf,
+        micro_batch_size=micro_batch_size,
     )  # fmt: skip
+
+
+def _colors(colors: Any, checkpoint: str | None, weights: str, options: dict, needed: bool):
+    if colors == "clip":
+        if not needed and checkpoint is None:  # ShapesWorld detections carry exact colours
+            return None
+        from mmreward.geneval.clip_colors import load_clip_colors
+
+        return load_clip_colors(checkpoint, weights=weights, **options)
+    if colors == "hsv":
+        from mmreward.geneval.colors import HSVColors
+
+        return HSVColors()
+    if isinstance(colors, str):
+        raise ConfigError(f"colors must be 'clip', 'hsv' or an object with classify(image, objects, name), got {colors!r}")
+    return colors
