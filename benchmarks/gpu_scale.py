@@ -38,6 +38,8 @@ import math
 import os
 import sys
 import tempfile
+import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -610,6 +612,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _run_family(family: str, args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> None:
+    """Measure one family into `report` (in a function of its own, so its models die with the frame)."""
+    if family == "wan21":
+        rows, report["wan_memory"] = bench_wan(args, tmp)
+        report["rows"].extend(rows)
+    elif family in PIPELINES:
+        pipe = build_pipeline(family, args.geometry == "real", args.device, args.dtype, tmp)
+        if report["cost_model"] is None:  # the first pipeline family, before LoRA is added
+            report["cost_model"] = cost_model(family, pipe, args)
+        report["rows"].extend(bench_pipeline(family, pipe, args, tmp))
+    else:
+        report["rows"].append(bench_reward(family, args, tmp))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
@@ -618,31 +634,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda if args.device.type == "cuda" else None,
         "threads": torch.get_num_threads(), "dtype": str(args.dtype).removeprefix("torch."),
         "geometry": args.geometry, "batch": args.batch, "size": args.size, "steps": args.steps,
         "repeats": args.repeats, "memory_metric": memory_metric(args.device), "rows": [], "cost_model": None,
-        "wan_memory": []}
+        "wan_memory": [], "family_seconds": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for family in args.families:
-            if family == "wan21":
-                rows, report["wan_memory"] = bench_wan(args, tmp)
-                report["rows"].extend(rows)
-            elif family in PIPELINES:
-                pipe = build_pipeline(family, args.geometry == "real", args.device, args.dtype, tmp)
-                if report["cost_model"] is None:  # the first pipeline family, before LoRA is added
-                    report["cost_model"] = cost_model(family, pipe, args)
-                report["rows"].extend(bench_pipeline(family, pipe, args, tmp))
-                del pipe
-            else:
-                report["rows"].append(bench_reward(family, args, tmp))
+            t0 = time.perf_counter()
+            try:
+                _run_family(family, args, tmp, report)
+            except Exception as exc:  # noqa: BLE001 - at the real geometry one family can run out of memory or
+                # meet an API its installed package lacks; that is a result, and the other families still run
+                traceback.print_exc()
+                report["rows"].append({"family": family, "measure": "all", "status":
+                                       f"failed: {type(exc).__name__}: {exc}"[:300]})
+            report["family_seconds"][family] = time.perf_counter() - t0
+            print(f"gpu_scale.py: {family} took {report['family_seconds'][family]:.1f} s", file=sys.stderr,
+                  flush=True)
             if args.device.type == "cuda":
                 torch.cuda.empty_cache()
+            if args.json is not None:  # after every family, so a run killed by a time limit keeps what it measured
+                _write_json(args.json, report)
     print(format_table(report), flush=True)
-    if args.json is not None:
-        _write_json(args.json, report)
-    bad = [r for r in report["rows"] if r["status"] == "ok" and not all(
-        math.isfinite(r[k]) for k in ("ours_s", "base_s", "ours_peak_mb", "base_peak_mb"))]
+    bad = [r for r in report["rows"] if r["status"].startswith("failed") or (r["status"] == "ok" and not all(
+        math.isfinite(r[k]) for k in ("ours_s", "base_s", "ours_peak_mb", "base_peak_mb")))]
     return 1 if bad else 0
 
 

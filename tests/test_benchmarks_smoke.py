@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from benchmarks import gpu_scale
 from benchmarks._timing import linear_fit_deviation
@@ -60,6 +61,34 @@ def test_gpu_scale_reduced_cpu_report(tmp_path, capsys):
         assert [("time" in p["nonlinear"]) for p in points] == [d > 0.15 for d in dev]
     table = capsys.readouterr().out
     assert "rollout_vs_sampling" in table and "cost model" in table
+
+
+def test_gpu_scale_one_failing_family_is_a_row_and_the_json_is_written_after_each(tmp_path, monkeypatch, capsys):
+    """At the real geometry one family can run out of memory: the others still run, the failure is a row
+    (exit 1), and the JSON on disk holds each finished family even while later ones run."""
+    out = tmp_path / "report.json"
+    real_bench_reward = gpu_scale.bench_reward
+    seen_on_disk = []
+
+    def bench_reward(family, args, tmp):
+        if out.exists():  # what a run killed now would leave behind
+            seen_on_disk.append([r["family"] for r in json.loads(out.read_text())["rows"]])
+        if family == "pickscore":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_bench_reward(family, args, tmp)
+
+    monkeypatch.setattr(gpu_scale, "bench_reward", bench_reward)
+    rc = gpu_scale.main(["--geometry", "reduced", "--device", "cpu", "--families", "hpsv2", "pickscore", "imagereward",
+                         "--batch", "2", "--repeats", "1", "--json", str(out)])
+    assert rc == 1
+    report = json.loads(out.read_text())
+    status = {r["family"]: r["status"] for r in report["rows"]}
+    assert status["hpsv2"] == "ok" and status["imagereward"] == "ok"
+    assert status["pickscore"].startswith("failed: OutOfMemoryError") and "simulated" in status["pickscore"]
+    assert seen_on_disk == [["hpsv2"], ["hpsv2", "pickscore"]]
+    assert set(report["family_seconds"]) == {"hpsv2", "pickscore", "imagereward"}
+    assert all(s >= 0 for s in report["family_seconds"].values())
+    assert "failed: OutOfMemoryError" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
