@@ -36,6 +36,43 @@ class JudgeBackendError(MMRewardError, RuntimeError):
     """A judge backend failed (endpoint unreachable after retries, HTTP error, malformed response)."""
 
 
+class Completion(str):
+    """A generated text that remembers whether it stopped at the token limit (`truncated`): a reasoning
+    judge cut off before its <answer> must be reported as cut off, not read as an unparsable verdict."""
+
+    truncated: bool = False
+
+    def __new__(cls, text: str, truncated: bool = False) -> Completion:
+        obj = super().__new__(cls, text)
+        obj.truncated = bool(truncated)
+        return obj
+
+
+def is_truncated(text: str) -> bool:
+    """True when a backend marked `text` as stopped by the token limit (plain strings: False)."""
+    return bool(getattr(text, "truncated", False))
+
+
+# qwen_vl_utils' pixel budgets (QwenLM/Qwen2.5-VL qwen-vl-utils/src/qwen_vl_utils/vision_process.py @ f0af299,
+# unchanged through qwen-vl-utils 0.0.14): what the originals' scripts feed the model when they set none.
+QWEN_IMAGE_MIN_PIXELS = 4 * 28 * 28
+QWEN_IMAGE_MAX_PIXELS = 16384 * 28 * 28
+QWEN_VIDEO_MIN_PIXELS = 128 * 28 * 28
+QWEN_VIDEO_MAX_PIXELS = 768 * 28 * 28
+QWEN_VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
+
+
+def qwen_default_pixels(kind: str, num_frames: int = 1) -> tuple[int, int]:
+    """(min_pixels, max_pixels) per image or per video frame, as qwen_vl_utils' fetch_image/fetch_video pick
+    them: images 4..16384 patches of 28x28; video frames 128..768 patches, within a total budget shared by
+    the frames (`max(min(768*28*28, total / nframes * 2), int(min * 1.05))`)."""
+    if kind == "video":
+        cap = max(min(QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_TOTAL_PIXELS / max(num_frames, 1) * 2),
+                  int(QWEN_VIDEO_MIN_PIXELS * 1.05))
+        return QWEN_VIDEO_MIN_PIXELS, int(cap)
+    return QWEN_IMAGE_MIN_PIXELS, QWEN_IMAGE_MAX_PIXELS
+
+
 @dataclass
 class JudgeRequest:
     text: str
@@ -83,12 +120,32 @@ class TransformersBackend(JudgeBackend):
     supports_choice_probs = True
     supports_prefix_lists = True  # choice_probs takes one forced prefix per request
 
-    def __init__(self, model, processor, *, min_pixels: int = 28 * 28 * 4, max_pixels: int = 448 * 448,
-                 max_new_tokens: int = 256) -> None:
+    def __init__(self, model, processor, *, min_pixels: int | None = None, max_pixels: int | None = None,
+                 max_new_tokens: int = 1024) -> None:
         self.model = model
         self.processor = processor
+        # None: qwen_vl_utils' defaults for the medium (`qwen_default_pixels`), as the originals' scripts use
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
         self.max_new_tokens = max_new_tokens
+
+    def pixels_for(self, kind: str, num_frames: int = 1) -> tuple[int, int]:
+        lo, hi = qwen_default_pixels(kind, num_frames)
+        return (self.min_pixels if self.min_pixels is not None else lo,
+                self.max_pixels if self.max_pixels is not None else hi)
+
+    def _stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.processor.tokenizer):
+            for attr in ("eos_token_id", "pad_token_id"):
+                v = getattr(source, attr, None)
+                ids.update(v if isinstance(v, (list, tuple)) else [] if v is None else [v])
+        return ids
+
+    def _completions(self, new: torch.Tensor) -> list[Completion]:
+        """Decoded rows of generated ids; a row holding no stop token ran into max_new_tokens."""
+        stop = self._stop_ids()
+        texts = self.processor.batch_decode(new, skip_special_tokens=True)
+        return [Completion(t, truncated=not any(i in stop for i in row)) for t, row in zip(texts, new.tolist())]
 
     @property
     def device(self) -> torch.device:
@@ -103,23 +160,26 @@ class TransformersBackend(JudgeBackend):
 
         kind, per_item = _check_uniform(requests)
         media = [m for r in requests for m in r.media] if per_item else None
+        frames = max((m.shape[0] for m in media), default=1) if kind == "video" and media else 1
+        min_pixels, max_pixels = self.pixels_for(kind, frames)
         tok = self.processor.tokenizer
         old = tok.padding_side
         tok.padding_side = padding_side
         try:
             batch = build_batch(
-                self.processor, [r.text for r in requests], media, kind=kind, min_pixels=self.min_pixels,
-                max_pixels=self.max_pixels, suffixes=suffixes, media_per_item=max(per_item, 1),
+                self.processor, [r.text for r in requests], media, kind=kind, min_pixels=min_pixels,
+                max_pixels=max_pixels, suffixes=suffixes, media_per_item=max(per_item, 1),
                 system=requests[0].system, media_labels=requests[0].media_labels,
             )
         finally:
             tok.padding_side = old
         return model_inputs(batch, self.device, self.dtype)
 
-    def generate(self, requests, *, n=1, temperature=0.0, seed=0):
+    def generate(self, requests, *, n=1, temperature=0.0, seed=0, max_new_tokens: int | None = None):
         inputs = self._batch(requests, padding_side="left")
         sample = temperature > 0
-        kwargs = {"max_new_tokens": self.max_new_tokens, "do_sample": sample, "num_return_sequences": n}
+        kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": sample,
+                  "num_return_sequences": n}
         if sample:
             kwargs["temperature"] = temperature
             torch.manual_seed(seed)
@@ -127,8 +187,7 @@ class TransformersBackend(JudgeBackend):
             raise RewardInputError("n > 1 samples need temperature > 0 (greedy decoding repeats itself)")
         with torch.inference_mode():
             out = self.model.generate(**inputs, **kwargs)
-        new = out[:, inputs["input_ids"].shape[1]:]
-        texts = self.processor.batch_decode(new, skip_special_tokens=True)
+        texts = self._completions(out[:, inputs["input_ids"].shape[1]:].cpu())
         return [texts[i * n:(i + 1) * n] for i in range(len(requests))]
 
     def choice_probs(self, requests, prefix, choices):
@@ -145,7 +204,8 @@ class TransformersBackend(JudgeBackend):
         logp = self.next_token_logprobs(requests, prefix)
         return torch.softmax(logp[:, ids], dim=-1)
 
-    def generate_with_choice_probs(self, requests, choices: Sequence[str], *, temperature: float = 0.0, seed: int = 0):
+    def generate_with_choice_probs(self, requests, choices: Sequence[str], *, temperature: float = 0.0, seed: int = 0,
+                                   max_new_tokens: int | None = None):
         """One completion per request plus, at every generated step, the distribution over `choices`' first
         tokens renormalised over them (as `generate(output_scores=True)` would give, without keeping
         (steps, V) score tensors). Returns (texts, generated token ids, [(steps, len(choices)) tensors]).
@@ -161,7 +221,7 @@ class TransformersBackend(JudgeBackend):
                 return scores
 
         inputs = self._batch(requests, padding_side="left")
-        kwargs = {"max_new_tokens": self.max_new_tokens, "do_sample": temperature > 0,
+        kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": temperature > 0,
                   "logits_processor": LogitsProcessorList([Record()])}
         if temperature > 0:
             kwargs["temperature"] = temperature
@@ -171,7 +231,7 @@ class TransformersBackend(JudgeBackend):
         new = out[:, inputs["input_ids"].shape[1]:].cpu()
         per_step = torch.stack(steps, dim=1) if steps else torch.empty(len(requests), 0, len(ids))
         pad = self.processor.tokenizer.pad_token_id
-        texts, token_ids, probs = self.processor.batch_decode(new, skip_special_tokens=True), [], []
+        texts, token_ids, probs = self._completions(new), [], []
         for i, row in enumerate(new.tolist()):
             n = len(row)
             while n and row[n - 1] == pad:  # rows that stopped early are right-padded
@@ -241,7 +301,8 @@ class OpenAIChatBackend(JudgeBackend):
         self.max_concurrency, self.max_tokens, self.image_format = max_concurrency, max_tokens, image_format
         self.calls = 0  # HTTP attempts made, for tests and monitoring
 
-    def payload(self, request: JudgeRequest, n: int, temperature: float, seed: int) -> dict:
+    def payload(self, request: JudgeRequest, n: int, temperature: float, seed: int,
+                max_tokens: int | None = None) -> dict:
         content = []
         for k, m in enumerate(request.media):
             if request.media_labels is not None:
@@ -253,7 +314,7 @@ class OpenAIChatBackend(JudgeBackend):
         if request.system:
             messages.insert(0, {"role": "system", "content": request.system})
         return {"model": self.model, "messages": messages, "temperature": temperature, "n": n, "seed": seed,
-                "max_tokens": self.max_tokens}
+                "max_tokens": max_tokens or self.max_tokens}
 
     def _post(self, body: bytes) -> dict:
         headers = {"Content-Type": "application/json"}
@@ -311,14 +372,16 @@ class OpenAIChatBackend(JudgeBackend):
                 raise JudgeBackendError(f"{self.url} returned no choices[0].logprobs: {str(resp)[:200]}") from exc
         return out  # an empty dict when the server sent no log-probabilities: the caller flags it
 
-    def generate(self, requests, *, n=1, temperature=0.0, seed=0):
+    def generate(self, requests, *, n=1, temperature=0.0, seed=0, max_new_tokens: int | None = None):
         _check_uniform(requests)
-        payloads = [self.payload(r, n, temperature, seed) for r in requests]
+        payloads = [self.payload(r, n, temperature, seed, max_new_tokens) for r in requests]
         responses = _run_async(self._agenerate(payloads))
         out = []
         for resp in responses:
             try:
-                texts = [c["message"]["content"] or "" for c in resp["choices"]]
+                # finish_reason 'length': the server stopped at max_tokens (OpenAI / vLLM / SGLang)
+                texts = [Completion(c["message"]["content"] or "", truncated=c.get("finish_reason") == "length")
+                         for c in resp["choices"]]
             except (KeyError, TypeError, IndexError) as exc:
                 raise JudgeBackendError(f"{self.url} returned no choices[].message.content: {str(resp)[:200]}") from exc
             out.append(texts[:n] + [""] * max(0, n - len(texts)))  # missing samples parse as NaN

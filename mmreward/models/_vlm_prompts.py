@@ -116,6 +116,12 @@ class JudgeFamily:
     line_ends: tuple[str, ...] = ()  # written after each forced digit in soft mode (default newline)
     soft_formula: str = "expected"  # 'expected': sum_d d * p(d); 'normed': argmax digit * its probability
     generated_soft: bool = False  # generate mode scores the digit distribution where the answer wrote it
+    # decoding as the original's inference code (sources in mmreward.models.vlm_judge's docstring)
+    max_new_tokens: dict[str, int] | None = None  # medium -> token limit in-process (transformers scripts)
+    http_max_tokens: int = 4096  # max_tokens over an OpenAI-compatible server (the vLLM request scripts)
+    temperature: float = 0.0  # 0: greedy
+    video_frames: int | None = None  # pointwise video sent as this many sampled frames (images), not one video
+    sample_fps: float | None = None  # video frames kept per second (qwen_vl_utils' rule), None: the frames given
 
 
 # ---- official template text (see the module docstring for the source of each) ----
@@ -283,15 +289,18 @@ FAMILIES = {
         {"image": _UR_DIMS, "video": ("Alignment Score", "Physics Score", "Style Score")}, 1, 5,
         {"image": UNIFIEDREWARD_PAIRWISE_IMAGE, "video": UNIFIEDREWARD_PAIRWISE_VIDEO}, "{Medium} ",
         ("image", "video"), label_suffix=" (1-5)",
+        max_new_tokens={"image": 4096, "video": 4096}, http_max_tokens=4096, video_frames=16,
     ),
     "unifiedreward-think": JudgeFamily(
         "unifiedreward-think", {"image": THINK_POINTWISE, "video": THINK_POINTWISE},
         {"image": ("",), "video": ("",)}, 1, 10,
         {"image": THINK_PAIRWISE_IMAGE, "video": THINK_PAIRWISE_VIDEO}, "<answer>{Medium} ", ("image", "video"),
+        max_new_tokens={"image": 512, "video": 1024}, http_max_tokens=4096,
     ),
     "videoscore2": JudgeFamily(
         "videoscore2", {"video": VIDEOSCORE2_POINTWISE},
         {"video": ("visual quality", "text-to-video alignment", "physical/common-sense consistency")}, 1, 5,
         None, "", ("video",), line_ends=(";\n", ",\n", ""), soft_formula="normed", generated_soft=True,
+        max_new_tokens={"video": 1024}, http_max_tokens=1024, temperature=0.7, sample_fps=2.0,
     ),
 }

@@ -21,6 +21,23 @@ Two modes:
   fast, deterministic approximation. Pairwise verdicts in soft mode are P("1") vs P("2") after the forced
   prefix "... Image ". In-process backend only.
 
+Decoding and media follow each original's inference code by default (options restore our earlier choices):
+- token limit per request: UnifiedReward-Think 512 for images, 1024 for videos in-process
+  (UnifiedReward-Think/inference_qwen/{image,video}_generation/qwen_infer_cot_*.py @ ff6f520), 4096 over an
+  OpenAI-compatible server (UnifiedReward-Think/vllm_qwen/vllm_request.py @ ff6f520 and CodeGoat24/Pref-GRPO
+  vllm_utils/vllm_request.py @ 3e787f6); UnifiedReward(-2.0) 4096 (vllm_qwen/vllm_request.py @ ff6f520);
+  VideoScore2 1024 (vs2_inference.py @ e6abe26). `max_new_tokens=` overrides. A generation that reaches the
+  limit before an answer is NaN like any unreadable verdict, and also flagged in `details["truncated"]`,
+  counted in `judge.truncated_count` and warned about, so a cut-off reasoning trace never passes for a tie.
+- VideoScore2 samples at temperature 0.7 (seeded, `seed=`) on the frames qwen_vl_utils keeps at 2 fps
+  (`sample_fps=2.0`: a clip tensor needs its rate, `score(..., fps=)` or `set_clip_fps`); `temperature=0`
+  decodes greedily, `sample_fps=0` keeps the frames given.
+- UnifiedReward's video pointwise prompt gets 16 frames as 16 images, picked as its read_video_frames picks
+  them (`unifiedreward_frame_indices`; point_score_APS_video_generation.py @ ff6f520); `video_frames=0` sends
+  one video. Not reproduced: the original writes each frame as a JPEG (cv2, quality 95) first; we send pixels.
+- Pixels: unset `min_pixels`/`max_pixels` follow qwen_vl_utils' defaults per medium (images 4..16384 patches
+  of 28x28, video frames 128..768), the originals' native resolution.
+
 Template text is the official one, verbatim (pass `pointwise_template=`/`pairwise_template=` to change it):
 - UnifiedReward pointwise: CodeGoat24/UnifiedReward (commit ff6f520)
   inference_qwen/UnifiedReward-2.0-inference/point_score_ACS_image_generation.py (images: alignment,
@@ -53,11 +70,18 @@ class VLMJudge(Reward):
     may_return_nan = True
 
     def __init__(self, backend, family: JudgeFamily, *, mode: str = "generate", samples: int = 1,
-                 temperature: float = 0.0, seed: int = 0, debias: bool = True,
+                 temperature: float | None = None, seed: int = 0, debias: bool = True,
                  pointwise_template: str | None = None, pairwise_template: str | None = None,
-                 soft_formula: str | None = None,
+                 soft_formula: str | None = None, max_new_tokens: int | None = None,
+                 video_frames: int | None = None, sample_fps: float | None = None,
                  micro_batch_size: int = 8) -> None:
+        """`temperature`, `max_new_tokens` (per request), `video_frames` (a pointwise video sent as that many
+        sampled frames; 0: as one video) and `sample_fps` (frames kept per second of video; 0: every frame
+        given) default to the family's original settings (see the module docstring)."""
         super().__init__(micro_batch_size=micro_batch_size)
+        temperature = family.temperature if temperature is None else temperature
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise RewardInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if mode not in ("generate", "soft"):
             raise RewardInputError(f"mode must be 'generate' or 'soft', got {mode!r}")
         if samples < 1:
@@ -79,6 +103,57 @@ class VLMJudge(Reward):
         self.pointwise_template = pointwise_template  # None: the family's official text for the medium
         self.pairwise_template = pairwise_template
         self.last_agreement_rate = float("nan")
+        self.max_new_tokens = max_new_tokens  # None: the family's limit for the medium
+        self.video_frames = family.video_frames if video_frames is None else (video_frames or None)
+        fps = family.sample_fps if sample_fps is None else (sample_fps or None)
+        if fps is not None:  # Reward.prepare keeps these frames of each clip (qwen_vl_utils' smart_nframes)
+            self.card_fps, self.card_fps_sampling = float(fps), "qwen-vl"
+        self.truncated_count = 0  # generations that hit the token limit before an answer, since loading
+
+    # -- decoding -----------------------------------------------------------------------------
+    def _limit(self, medium: str) -> int | None:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return (self.family.max_new_tokens or {}).get(medium)
+
+    def _generate(self, requests, medium: str) -> list[list[str]]:
+        """backend.generate with the family's token limit, grouping requests that carry as many media
+        (clips of different lengths sent as frames) because a backend batch must be uniform."""
+        import inspect
+
+        kwargs = {"n": self.samples, "temperature": self.temperature, "seed": self.seed}
+        limit = self._limit(medium)
+        if limit is not None and "max_new_tokens" in inspect.signature(self.backend.generate).parameters:
+            kwargs["max_new_tokens"] = limit
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((len(r.media), r.kind), []).append(i)
+        out: list[list[str]] = [[] for _ in requests]
+        for idx in groups.values():
+            for i, texts in zip(idx, self.backend.generate([requests[i] for i in idx], **kwargs)):
+                out[i] = texts
+        return out
+
+    def _truncated(self, texts, failed: torch.Tensor, medium: str) -> torch.Tensor:
+        """Per request, the fraction of samples cut by the token limit with no answer read (counted and
+        warned about: a cut-off verdict is not a judgement, and as a tie it flattens win rates)."""
+        from mmreward.judges.backends import is_truncated
+
+        cut = torch.tensor([[is_truncated(t) for t in row] for row in texts], dtype=torch.bool)
+        cut = cut & failed.reshape(cut.shape)
+        n = int(cut.sum())
+        if n:
+            import warnings
+
+            self.truncated_count += n
+            warnings.warn(f"{self.name}: {n} of {cut.numel()} generations reached max_new_tokens="
+                          f"{self._limit(medium)} before an answer (NaN, flagged in details['truncated']); "
+                          "raise max_new_tokens", RuntimeWarning, stacklevel=3)
+        return cut.float().mean(dim=1)
+
+    def _frames_as_images(self, media) -> list[list[torch.Tensor]]:
+        """Each clip as `video_frames` images, sampled as UnifiedReward's read_video_frames does."""
+        return [[v[i] for i in unifiedreward_frame_indices(v.shape[0], self.video_frames)] for v in media]
 
     # -- prompts ------------------------------------------------------------------------------
     @staticmethod
@@ -96,17 +171,19 @@ class VLMJudge(Reward):
     def _fill(self, template: str, prompt: str, medium: str) -> str:
         return template.replace("{prompt}", prompt).replace("{medium}", medium).replace("{Medium}", medium.capitalize())
 
-    def _requests(self, template, prompts, groups):
+    def _requests(self, template, prompts, groups, medium: str | None = None):
         from mmreward.judges.backends import JudgeRequest
 
-        medium = self._medium(groups[0])
+        medium = medium or self._medium(groups[0])
         return [JudgeRequest(self._fill(template, p, medium), list(g)) for p, g in zip(prompts, groups)]
 
     # -- pointwise ----------------------------------------------------------------------------
     def _score(self, prompts, media):
         medium = self._medium(media)
         labels = self.family.dimensions[medium]
-        requests = self._requests(self._pointwise_for(medium), prompts, [[m] for m in media])
+        groups = ([[m] for m in media] if medium != "video" or not self.video_frames
+                  else self._frames_as_images(media))
+        requests = self._requests(self._pointwise_for(medium), prompts, groups, medium)
         if self.mode == "soft":
             return self._soft_score(requests, labels)
         if (self.family.generated_soft and self.samples == 1 and labels != ("",)
@@ -114,7 +191,7 @@ class VLMJudge(Reward):
             return self._generated_soft_score(requests, labels)
         from mmreward.judges.parsers import parse_dimensions, parse_score
 
-        outs = self.backend.generate(requests, n=self.samples, temperature=self.temperature, seed=self.seed)
+        outs = self._generate(requests, medium)
         fam = self.family
         vals = torch.full((len(requests), self.samples), float("nan"))
         dims = {d: torch.full((len(requests), self.samples), float("nan")) for d in labels if d}
@@ -130,7 +207,8 @@ class VLMJudge(Reward):
         from mmreward.judges.debias import vote
 
         score, count = vote(vals)
-        details = {"parse_failed": 1.0 - count.float() / self.samples}
+        details = {"parse_failed": 1.0 - count.float() / self.samples,
+                   "truncated": self._truncated(outs, torch.isnan(vals), medium)}
         details.update({d: vote(v)[0] for d, v in dims.items()})
         return RewardOutput(score, details, [t[0] for t in outs])
 
@@ -144,8 +222,13 @@ class VLMJudge(Reward):
         fam = self.family
         digits = [str(d) for d in range(int(fam.low), int(fam.high) + 1)]
         values = torch.tensor([float(d) for d in digits])
-        texts, ids, probs = self.backend.generate_with_choice_probs(requests, digits, temperature=self.temperature,
-                                                                    seed=self.seed)
+        import inspect
+
+        kwargs = {"temperature": self.temperature, "seed": self.seed}
+        limit = self._limit("video" if requests[0].kind == "video" else "image")
+        if limit is not None and "max_new_tokens" in inspect.signature(self.backend.generate_with_choice_probs).parameters:
+            kwargs["max_new_tokens"] = limit
+        texts, ids, probs = self.backend.generate_with_choice_probs(requests, digits, **kwargs)
         n = len(requests)
         hard = {d: torch.full((n,), float("nan")) for d in labels}
         soft = {d: torch.full((n,), float("nan")) for d in labels}
@@ -162,7 +245,8 @@ class VLMJudge(Reward):
                 top_p, top = p.max(dim=0)
                 soft[d][i] = values[top] * top_p if self.soft_formula == "normed" else p @ values
         score = torch.stack([soft[d] for d in labels], dim=1).mean(dim=1)  # NaN when a dimension is missing
-        details = {"parse_failed": torch.isnan(score).float(), **hard}
+        truncated = self._truncated([[t] for t in texts], torch.isnan(score)[:, None], requests[0].kind)
+        details = {"parse_failed": torch.isnan(score).float(), "truncated": truncated, **hard}
         details.update({f"{d} (soft)": soft[d] for d in labels})
         return RewardOutput(score, details, texts)
 
@@ -201,22 +285,26 @@ class VLMJudge(Reward):
         return out
 
     # -- pairwise -----------------------------------------------------------------------------
-    def _first_better(self, prompts, first, second) -> tuple[torch.Tensor, torch.Tensor, list[str] | None]:
-        """(P(first better) per pair, failed-sample fraction, first texts) for one presentation order."""
-        template = self._pairwise_for(self._medium([first[0]]))
+    def _first_better(self, prompts, first, second
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[str] | None, torch.Tensor]:
+        """(P(first better) per pair, failed-sample fraction, first texts, truncated-sample fraction) for one
+        presentation order."""
+        medium_name = self._medium([first[0]])
+        template = self._pairwise_for(medium_name)
         requests = self._requests(template, prompts, [[x, y] for x, y in zip(first, second)])
         if self.mode == "soft":
             medium = self._medium([first[0]]).capitalize()
             prefix = self.family.pair_prefix.replace("{Medium}", medium)
             probs = self.backend.choice_probs(requests, prefix, ["1", "2"])
-            return probs[:, 0], torch.zeros(len(requests)), None
+            return probs[:, 0], torch.zeros(len(requests)), None, torch.zeros(len(requests))
         from mmreward.judges.debias import vote
         from mmreward.judges.parsers import parse_pairwise
 
-        outs = self.backend.generate(requests, n=self.samples, temperature=self.temperature, seed=self.seed)
+        outs = self._generate(requests, medium_name)
         verdicts = torch.tensor([[parse_pairwise(t).value for t in texts] for texts in outs])
         v, count = vote(verdicts)
-        return v, 1.0 - count.float() / self.samples, [t[0] for t in outs]
+        cut = self._truncated(outs, torch.isnan(verdicts), medium_name)
+        return v, 1.0 - count.float() / self.samples, [t[0] for t in outs], cut
 
     def compare(self, prompts, media_a, media_b, *, value_range=None) -> PairwiseOutput:
         a = self.prepare(media_a, value_range)
@@ -233,16 +321,17 @@ class VLMJudge(Reward):
         from mmreward.functional.pairwise import agreement_rate, debias
 
         with torch.inference_mode():
-            v_ab, fail_ab, texts = self._first_better(prompt_list, list(a), list(b))
+            v_ab, fail_ab, texts, cut_ab = self._first_better(prompt_list, list(a), list(b))
             if not self.debias:
                 self.last_agreement_rate = float("nan")
-                return PairwiseOutput(prob_a=v_ab.clone(), details={"v_ab": v_ab.clone(), "parse_failed": fail_ab.clone()},
+                return PairwiseOutput(prob_a=v_ab.clone(), details={"v_ab": v_ab.clone(), "parse_failed": fail_ab.clone(),
+                                                                    "truncated": cut_ab.clone()},
                                       rationales=texts)
-            v_ba, fail_ba, _ = self._first_better(prompt_list, list(b), list(a))
+            v_ba, fail_ba, _, cut_ba = self._first_better(prompt_list, list(b), list(a))
         prob, agree = debias(v_ab, v_ba)
         self.last_agreement_rate = agreement_rate(agree)
         details = {"v_ab": v_ab.clone(), "v_ba": v_ba.clone(), "agreement": agree.clone(),
-                   "parse_failed": ((fail_ab + fail_ba) / 2).clone()}
+                   "parse_failed": ((fail_ab + fail_ba) / 2).clone(), "truncated": ((cut_ab + cut_ba) / 2).clone()}
         return PairwiseOutput(prob_a=prob.clone(), details=details, rationales=texts)
 
     @property
@@ -259,13 +348,25 @@ class VLMJudge(Reward):
         return group_win_rates(self, [prompt] * len(media), media, len(media), both_orders=False, mode=mode).win_rates
 
 
+def unifiedreward_frame_indices(total: int, num_frames: int) -> list[int]:
+    """The frames UnifiedReward-2.0's video scripts keep (`read_video_frames`: frame k is kept when it is one of
+    int(i * total / num_frames), i < num_frames, reading in order): `num_frames` distinct frames, or every
+    frame of a shorter clip."""
+    if total < 1 or num_frames < 1:
+        raise RewardInputError(f"video_frames: need a clip with frames and num_frames >= 1, got {total}, {num_frames}")
+    return sorted({int(i * total / num_frames) for i in range(num_frames)})
+
+
 # ----------------------------------------------------------------------------------------------
 # loaders
 # ----------------------------------------------------------------------------------------------
 def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url: str | None = None,
                  api_key: str | None = None, tiny: bool = False, min_pixels: int | None = None,
                  max_pixels: int | None = None, max_new_tokens: int = 256, timeout: float = 60.0,
-                 max_retries: int = 3, max_concurrency: int = 8, image_format: str = "png"):
+                 max_retries: int = 3, max_concurrency: int = 8, image_format: str = "png",
+                 qwen_pixels: bool = False):
+    """A judge backend. `qwen_pixels=True` (the judges): unset pixel bounds follow qwen_vl_utils' per-medium
+    defaults, as the originals' scripts; otherwise 4*28*28..448*448 (the other generative families)."""
     from mmreward.judges.backends import OpenAIChatBackend, TransformersBackend
 
     if backend == "openai":
@@ -285,11 +386,13 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
         min_pixels = min_pixels or 28 * 28
         max_pixels = max_pixels or 56 * 56
         max_new_tokens = min(max_new_tokens, 8)
+    elif not qwen_pixels:
+        min_pixels, max_pixels = min_pixels or 28 * 28 * 4, max_pixels or 448 * 448
     processor = _qwen_vl.load_processor(checkpoint)
     model = (_qwen_vl.vlm_from_config(_qwen_vl.load_config(checkpoint)) if weights == "random"
              else _qwen_vl.load_vlm(checkpoint))
-    return TransformersBackend(model, processor, min_pixels=min_pixels or 28 * 28 * 4,
-                               max_pixels=max_pixels or 448 * 448, max_new_tokens=max_new_tokens)
+    return TransformersBackend(model, processor, min_pixels=min_pixels, max_pixels=max_pixels,
+                               max_new_tokens=max_new_tokens)
 
 
 _BACKEND_KEYS = ("backend", "base_url", "api_key", "tiny", "min_pixels", "max_pixels", "max_new_tokens", "timeout",
@@ -297,8 +400,19 @@ _BACKEND_KEYS = ("backend", "base_url", "api_key", "tiny", "min_pixels", "max_pi
 
 
 def _load(family: str, checkpoint, weights, options) -> VLMJudge:
+    fam = FAMILIES[family]
     backend_opts = {k: options.pop(k) for k in _BACKEND_KEYS if k in options}
-    return VLMJudge(make_backend(checkpoint, weights, **backend_opts), FAMILIES[family], **options)
+    if "max_new_tokens" in backend_opts:  # the user's limit holds for every medium
+        options.setdefault("max_new_tokens", backend_opts["max_new_tokens"])
+    else:  # the backend's own limit is the largest the family asks for; each request asks its medium's
+        over_http = backend_opts.get("backend") == "openai"
+        backend_opts["max_new_tokens"] = fam.http_max_tokens if over_http else max(fam.max_new_tokens.values())
+        if over_http:
+            options.setdefault("max_new_tokens", fam.http_max_tokens)
+    backend = make_backend(checkpoint, weights, qwen_pixels=True, **backend_opts)
+    if backend_opts.get("tiny"):
+        options["max_new_tokens"] = backend.max_new_tokens  # the tiny model's short cap holds
+    return VLMJudge(backend, fam, **options)
 
 
 def load_unifiedreward(checkpoint=None, *, weights="pretrained", **options) -> VLMJudge:
