@@ -272,7 +272,12 @@ class RewardConfig:
         _choice("reward.win_mode", self.win_mode, ["hard", "soft"])
         unknown = set(self.options) - set(self.rewards) - set(self.eval_rewards or []) - {self.pairwise}
         if unknown:
-            raise ConfigError(f"reward.options names rewards that are not used: {sorted(unknown)}")
+            raise ConfigError(
+                f"reward.options names rewards that are not used: {sorted(unknown)} (used: "
+                f"{sorted(set(self.rewards) | set(self.eval_rewards or []))}). If you replaced reward.rewards on the "
+                "command line, clear or replace the options too, e.g. reward.options='{}' or "
+                f"reward.options='{{{next(iter(self.rewards))}: {{...}}}}'"
+            )
 
 
 @dataclass

@@ -94,7 +94,13 @@ class WeightedSum(Reward):
             raise ConfigError(f"aggregation must be 'sum' or 'log_tame', got {aggregation!r}")
         if nan_policy not in ("raise", "propagate"):
             raise ConfigError(f"nan_policy must be 'raise' or 'propagate', got {nan_policy!r}")
-        self.members = torch.nn.ModuleDict(dict(rewards))
+        bad = [k for k in rewards if not isinstance(k, str) or not k]
+        if bad:
+            raise ConfigError(f"rewards: names must be non-empty strings, got {bad!r}")
+        # A ModuleList, not a ModuleDict: any name a user gives a reward ("eval", "train", "hpsv2.1") must
+        # work, and ModuleDict keys collide with nn.Module attributes and may not contain ".".
+        self.member_names = list(rewards)
+        self.members = torch.nn.ModuleList(list(rewards.values()))
         self.weights = {k: float(weights.get(k, 1.0)) for k in rewards}
         self.normalizers = {k: _as_normalizer(normalization.get(k)) for k in rewards}
         self.aggregation = aggregation
@@ -109,10 +115,9 @@ class WeightedSum(Reward):
         self.requires_prompt = any(r.requires_prompt for r in members)
 
     def _score(self, prompts: list[str], media) -> RewardOutput:
-        names = list(self.members)
+        names = self.member_names
         raw, oriented = {}, []
-        for name in names:
-            reward = self.members[name]
+        for name, reward in zip(names, self.members):
             scores = reward.score(prompts, media).scores.float()
             bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
             if bad and self.nan_policy == "raise":

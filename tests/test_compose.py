@@ -185,3 +185,21 @@ def test_both_orders_a_tie_agrees_only_with_a_tie():
     assert out.agreement == 0.0  # a tie in one order and a win in the other is a disagreement
     # P(darker > brighter) = (0.5 + 1 - 0.9) / 2 = 0.3: the brighter image wins every pair
     torch.testing.assert_close(out.win_rates, torch.tensor([0.0, 0.5, 1.0]))
+
+
+@pytest.mark.parametrize("names", [("eval", "train"), ("forward", "type"), ("keys", "hpsv2.1"), ("a.b", "")])
+def test_any_string_names_a_composed_reward(names):
+    """Names collide with nn.Module attributes or hold '.' (issue 28 item 8): every string is a valid name."""
+    x = torch.rand(3, 3, 4, 4)
+    total = WeightedSum({names[0]: Channel(0), names[1] + "x": Channel(2)}, weights={names[0]: 2.0})
+    out = total.score(None, x)
+    r, b = x[:, 0].flatten(1).mean(1), x[:, 2].flatten(1).mean(1)
+    torch.testing.assert_close(out.scores, 2 * r + b)
+    torch.testing.assert_close(out.details[names[0]], r)
+    assert list(out.details) == [names[0], names[1] + "x"]
+    assert len(list(total.parameters())) == 0 and total.train() is total  # nn.Module methods intact
+
+
+def test_composed_reward_names_must_be_non_empty_strings():
+    with pytest.raises(ConfigError, match="non-empty strings"):
+        WeightedSum({"": Channel(0)})

@@ -139,6 +139,13 @@ def test_reward_only_install_scores_and_diffusion_rl_names_its_extra(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and "mmreward[diffusion]" in proc.stderr and "Traceback" not in proc.stderr
     assert _blocked(cli, "config", "--config", config).returncode == 0
+    # best-of-n and reno too (issue 28 item 5), before any reward is loaded (reno loaded its reward first)
+    for command in ("best-of-n", "reno"):
+        proc = _blocked(cli, command, "--pipeline", "some/pipeline", "--reward", "no-such-reward=1",
+                        "--prompt", "a cat", "--output", str(tmp_path / command))
+        assert proc.returncode == 2, (command, proc.stderr[-3000:])
+        assert proc.stderr.count("\n") == 1 and "mmreward[diffusion]" in proc.stderr, (command, proc.stderr)
+        assert "Traceback" not in proc.stderr and not (tmp_path / command).exists()
 
 
 def test_asset_lookup_env_override_and_clear_error(tmp_path, monkeypatch):

@@ -212,6 +212,10 @@ def run(args) -> int:
     from mmreward.errors import MMRewardError
 
     try:
+        from mmreward.errors import DIFFUSION_EXTRA, require_installed
+
+        # before any reward or prompt is loaded: without diffusers nothing here can run
+        require_installed("diffusers", DIFFUSION_EXTRA, f"diffusion-rl {args.command}")
         _check_numbers(args)
         prompts = _prompts(args)
         if args.command == "reno":

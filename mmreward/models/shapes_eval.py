@@ -60,12 +60,17 @@ class ShapesEvalReward(Reward):
                     raise
                 specs.append(_parse("a circle"))  # placeholder, masked to NaN below
                 known.append(False)
-        result = check(specs, detect(media))
+        detections = detect(media)
+        result = check(specs, detections)
         mask = torch.tensor(known)
         nan = torch.tensor(float("nan"))
         details = {"strict": result.strict, "partial": result.partial, "soft": result.soft, **result.by_kind}
         details = {k: torch.where(mask, v, nan) for k, v in details.items()}
-        return RewardOutput(details[self.mode].clone(), details)
+        # an image with no objects (a uniform grey sample) scores 0 on every clause; this says why
+        found = torch.bincount(detections.image, minlength=len(prompts)).float()
+        details["objects_found"] = found
+        rationales = ["no objects detected" if n == 0 else "" for n in found.tolist()]
+        return RewardOutput(details[self.mode].clone(), details, rationales)
 
 
 def load_shapes_eval(checkpoint=None, *, weights="pretrained", **options) -> ShapesEvalReward:

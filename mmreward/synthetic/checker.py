@@ -170,12 +170,15 @@ def detect(images: torch.Tensor, min_area_fraction: float = MIN_AREA_FRACTION) -
     theta[:, 0, 0] = (box[:, 2] - box[:, 0]) / w
     theta[:, 1, 1] = (box[:, 3] - box[:, 1]) / h
     theta[:, 0, 2], theta[:, 1, 2] = cx, cy
-    grid = F.affine_grid(theta, [len(kept), 1, TEMPLATE_SIZE, TEMPLATE_SIZE], align_corners=False)
-    crops = F.grid_sample(masks, grid, mode="bilinear", align_corners=False).squeeze(1)  # (N, R, R)
-    tmpl = _templates()
-    inter = torch.minimum(crops.unsqueeze(1), tmpl.unsqueeze(0)).sum((2, 3))
-    union = torch.maximum(crops.unsqueeze(1), tmpl.unsqueeze(0)).sum((2, 3)).clamp(min=1e-6)
-    shape_scores = inter / union
+    if len(kept):
+        grid = F.affine_grid(theta, [len(kept), 1, TEMPLATE_SIZE, TEMPLATE_SIZE], align_corners=False)
+        crops = F.grid_sample(masks, grid, mode="bilinear", align_corners=False).squeeze(1)  # (N, R, R)
+        tmpl = _templates()
+        inter = torch.minimum(crops.unsqueeze(1), tmpl.unsqueeze(0)).sum((2, 3))
+        union = torch.maximum(crops.unsqueeze(1), tmpl.unsqueeze(0)).sum((2, 3)).clamp(min=1e-6)
+        shape_scores = inter / union
+    else:  # a batch with no objects at all (a uniform image): nothing to match, every clause fails
+        shape_scores = torch.zeros(0, len(SHAPES))
     size = torch.stack([(box[:, 2] - box[:, 0]) / w, (box[:, 3] - box[:, 1]) / h], 1)
     center = torch.stack([(box[:, 0] + box[:, 2]) / (2 * w), (box[:, 1] + box[:, 3]) / (2 * h)], 1)
     return Detections(
