@@ -32,7 +32,7 @@ def _reference_p_yes(folder, prompt, medium, kind):
     proc = AutoProcessor.from_pretrained(folder)
     model = AutoModelForImageTextToText.from_pretrained(folder).eval()
     msgs = [{"role": "user", "content": [{"type": kind}, {"type": "text",
-             "text": f'Does this figure show "{prompt}"? Please answer yes or no.'}]}]
+             "text": f'Does this figure show "{prompt}"? Please answer Yes or No.'}]}]
     text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     x = resize_for_qwen(medium, 28 * 28, 56 * 56)
     kw = ({"images": [x], "images_kwargs": {"do_rescale": False, "do_resize": False}} if kind == "image" else
