@@ -97,10 +97,11 @@ WAN21_T2V_1_3B_TRANSFORMER = dict(
 WAN21_GEOMETRY = {"frames": 81, "height": 480, "width": 832, "mem_frames": "21,41,81"}  # WanPipeline's defaults
 QWEN25_VL_7B_TEXT = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                          num_key_value_heads=4, vocab_size=152064, max_position_embeddings=128000,
-                         rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
-                         tie_word_embeddings=False, hidden_act="silu", rms_norm_eps=1e-6)
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+                         tie_word_embeddings=False, hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.02,
+                         max_window_layers=28)
 QWEN25_VL_7B_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112, tokens_per_second=2,
                            fullatt_block_indexes=[7, 15, 23, 31], in_channels=3, hidden_act="silu")
 
 
@@ -453,7 +454,13 @@ def build_vqascore(real: bool, device: torch.device, dtype: torch.dtype, tmp: Pa
     model, processor = build_tiny_qwen_vl(tmp / "qwen", variant="qwen2_5_vl", max_pixels=max_pixels)
     if real:
         tiny = tiny_qwen_vl_config(processor.tokenizer, "qwen2_5_vl")
-        text = {**tiny.text_config.to_dict(), **QWEN25_VL_7B_TEXT}
+        # the tiny config's token ids and vocabulary, nothing of its shape: its per-layer list (layer_types, one
+        # entry), its rope section (sized for head_dim 16) and its wide init (std 0.5, which overflows bf16 at 28
+        # layers of 3584) would contradict or break the 7B geometry
+        shape_keys = ("layer_types", "rope_parameters", "rope_scaling", "rope_theta", "initializer_range",
+                      "max_window_layers", "head_dim")
+        text = {k: v for k, v in tiny.text_config.to_dict().items() if k not in shape_keys}
+        text.update(QWEN25_VL_7B_TEXT)
         config = Qwen2_5_VLConfig(text_config=text, vision_config=QWEN25_VL_7B_VISION,
                                   image_token_id=tiny.image_token_id, video_token_id=tiny.video_token_id,
                                   vision_start_token_id=tiny.vision_start_token_id,
