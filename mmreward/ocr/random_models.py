@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mmreward.errors import require
-from mmreward.ocr.ppocr import DET_FILE, KEYS_FILE, REC_FILE
+from mmreward.ocr.ppocr import MODEL_FILES
 
 TINY_CHARSET = list("abcdefghijklmnop")
 
@@ -22,8 +22,11 @@ def _tensor(name: str, array: np.ndarray):
     return onnx.numpy_helper.from_array(array.astype(np.float32), name)
 
 
-def write_random_ppocr(folder: str | os.PathLike, seed: int = 0) -> Path:
-    """Write ppocrv5_det.onnx, ppocrv5_rec.onnx and ppocr_keys_v5.txt with random weights into `folder`."""
+def write_random_ppocr(folder: str | os.PathLike, seed: int = 0, layout: str = "ppocrv5") -> Path:
+    """Write random-weight det and rec ONNX files and the character file of `layout` into `folder`:
+    'ppocrv5' (ppocrv5_det.onnx, ppocrv5_rec.onnx, ppocr_keys_v5.txt with the blank as line 0) or
+    'ppocrv4_en' (en_PP-OCRv3_det.onnx, en_PP-OCRv4_rec.onnx, en_dict.txt without the blank, as PaddleOCR's)."""
+    det_file, rec_file, dict_file, dict_format = MODEL_FILES[layout]
     onnx = require("onnx", "ocr", "Writing tiny ONNX checkpoints")
     helper, tp = onnx.helper, onnx.TensorProto
     rng = np.random.default_rng(seed)
@@ -57,10 +60,12 @@ def write_random_ppocr(folder: str | os.PathLike, seed: int = 0) -> Path:
             onnx.numpy_helper.from_array(np.array([2], dtype=np.int64), "axis"),
         ],
     )
-    for graph, name in ((det, DET_FILE), (rec, REC_FILE)):
+    for graph, name in ((det, det_file), (rec, rec_file)):
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         onnx.checker.check_model(model)
         onnx.save(model, str(folder / name))
-    (folder / KEYS_FILE).write_text("\n".join(["blank", *TINY_CHARSET, " "]) + "\n", encoding="utf-8")
+    # both layouts decode to the classes blank + characters + space
+    lines = ["blank", *TINY_CHARSET, " "] if dict_format == "keys_with_blank" else TINY_CHARSET
+    (folder / dict_file).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return folder

@@ -57,3 +57,30 @@ def ocr_match_score(read: str, target: str, *, substring_is_match: bool = True) 
         return 1.0 if not r else 0.0
     dist = 0 if substring_is_match and t in r else levenshtein(r, t)
     return 1.0 - min(dist, len(t)) / len(t)
+
+
+# -- Flow-GRPO's exact rule (yifan123/flow_grpo flow_grpo/ocr.py, OcrScorer.__call__) ---------------------
+def flow_grpo_target(prompt: str) -> str:
+    """`prompt.split('"')[1]`: the text after the first ASCII double quote, up to the next one (or the end).
+
+    The original raises IndexError on a prompt without a quote and divides by zero on an empty target; both
+    are a RewardInputError here."""
+    parts = prompt.split('"')
+    if len(parts) < 2:
+        raise RewardInputError(
+            f"prompts: Flow-GRPO's OCR reward takes its target from the first ASCII double-quoted span, but the "
+            f"prompt {prompt!r} has no '\"'. Quote the text to render (e.g. 'a sign that says \"OPEN\"')."
+        )
+    if not parts[1].replace(" ", ""):
+        raise RewardInputError(f"prompts: the quoted target of {prompt!r} is empty (Flow-GRPO divides by zero here)")
+    return parts[1]
+
+
+def flow_grpo_match_score(read: str, target: str) -> float:
+    """Flow-GRPO's reward: spaces (only ' ') removed and lowercased, distance 0 when the target is contained in
+    the read text, else Levenshtein; 1 - min(d, len(target)) / len(target)."""
+    r, t = read.replace(" ", "").lower(), target.replace(" ", "").lower()
+    if not t:
+        raise RewardInputError(f"the OCR target {target!r} is empty after removing spaces")
+    dist = 0 if t in r else levenshtein(r, t)
+    return 1.0 - min(dist, len(t)) / len(t)
