@@ -77,15 +77,18 @@ class ClipColorClassifier(torch.nn.Module):
         return F.normalize(per_color, dim=-1).T
 
     @torch.no_grad()
+    def logits(self, image: torch.Tensor, objects: Sequence[Detection], name: str) -> torch.Tensor:
+        """(len(objects), len(colors)) zero-shot logits, 100 x cosine, for one (3, H, W) image in [0, 1]."""
+        crops = masked_crops(to_uint8_hwc(image), objects, self.background)
+        tensors = [torch.from_numpy(np.array(c)).permute(2, 0, 1).float() / 255 for c in crops]
+        feats = F.normalize(self.backbone.image_features(tensors).float(), dim=-1)
+        return 100.0 * feats @ self.class_vectors(name).to(feats.device)
+
     def classify(self, image: torch.Tensor, objects: Sequence[Detection], name: str) -> list[str]:
         """The colour of each object of class `name` in one (3, H, W) image in [0, 1]."""
         if not objects:
             return []
-        crops = masked_crops(to_uint8_hwc(image), objects, self.background)
-        tensors = [torch.from_numpy(np.asarray(c)).permute(2, 0, 1).float() / 255 for c in crops]
-        feats = F.normalize(self.backbone.image_features(tensors).float(), dim=-1)
-        logits = 100.0 * feats @ self.class_vectors(name).to(feats.device)
-        return [self.colors[int(i)] for i in logits.argmax(dim=1)]
+        return [self.colors[int(i)] for i in self.logits(image, objects, name).argmax(dim=1)]
 
 
 def load_clip_colors(
