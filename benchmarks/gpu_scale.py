@@ -347,8 +347,9 @@ def build_wan21(real: bool, device: torch.device, dtype: torch.dtype, tmp: Path)
     return str(tmp / "wan21")
 
 
-def bench_wan(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Wan 2.1 rows (rollout vs sampling, trainer vs bare step) and the memory grid, via rl_step_video."""
+def bench_wan(args: argparse.Namespace, tmp: Path, report: dict[str, Any], save: Callable[[], None]) -> None:
+    """Wan 2.1 rows (rollout vs sampling, trainer vs bare step) and the memory grid, via rl_step_video, into
+    `report`; `save` is called between the two, so a run stopped during the (long) grid keeps the rows."""
     from benchmarks import rl_step_video
 
     real = args.geometry == "real"
@@ -359,11 +360,16 @@ def bench_wan(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]]
             "--batch", "1" if real else str(args.batch), "--steps", str(args.steps), "--guidance", str(args.guidance),
             "--repeats", str(args.repeats), "--mem-frames", geo["mem_frames"],
             "--mem-sizes", f"{geo['height']}x{geo['width']}", "--max-sequence-length", "226" if real else "16"]
-    sub = rl_step_video.run(rl_step_video.parse_args(argv))
+    vargs = rl_step_video.parse_args(argv)
     items = 1 if real else args.batch
-    rows = [_row("wan21", r["measure"], r["ours"], r["base"], items, r["ours_s"], r["base_s"], r["ours_peak_mb"],
-                 r["base_peak_mb"]) for r in sub["overheads"]]
-    return rows, sub["memory"]
+    torch.manual_seed(0)  # as rl_step_video.run seeds
+    overheads = rl_step_video.overheads(folder, rl_step_video._pipeline(folder, vargs), vargs, tmp)
+    report["rows"].extend(_row("wan21", r["measure"], r["ours"], r["base"], items, r["ours_s"], r["base_s"],
+                               r["ours_peak_mb"], r["base_peak_mb"]) for r in overheads)
+    save()
+    if args.device.type == "cuda":
+        torch.cuda.empty_cache()
+    report["wan_memory"] = rl_step_video.memory_grid(folder, vargs, tmp)
 
 
 def _attention_row(family: str, adapter, emb, x_t: torch.Tensor, cfg_scale: float, steps: int,
@@ -622,8 +628,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _run_family(family: str, args: argparse.Namespace, tmp: Path, report: dict[str, Any]) -> None:
     """Measure one family into `report` (in a function of its own, so its models die with the frame)."""
     if family == "wan21":
-        rows, report["wan_memory"] = bench_wan(args, tmp)
-        report["rows"].extend(rows)
+        def save() -> None:
+            if args.json is not None:
+                _write_json(args.json, report)
+
+        bench_wan(args, tmp, report, save)
     elif family in PIPELINES:
         pipe = build_pipeline(family, args.geometry == "real", args.device, args.dtype, tmp)
         if report["cost_model"] is None:  # the first pipeline family, before LoRA is added
