@@ -34,6 +34,20 @@ TINY_OPEN_CLIP_CFG: dict[str, Any] = {
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
 }
 
+
+def _values(*names: str) -> dict[str, str]:
+    """Card options that are plain data tuning the score (see RewardSpec.card_options and README's Security)."""
+    return {n: "value" for n in (*names, "micro_batch_size")}
+
+
+# Never card-settable, in any family (a downloaded folder must not choose them): backend, base_url, api_key,
+# timeout, max_retries, max_concurrency, image_format (judges' network backends); tokenizer, processor,
+# base_model, filename, model_name, backbone_model_name, engine, detector_options (files or hub repos other
+# than the folder's); prompt templates (str.format strings can read attributes of what they format); tiny;
+# attention; anything a family's loader forwards unchecked through **options.
+_JUDGE_CARD = _values("mode", "samples", "temperature", "seed", "debias", "min_pixels", "max_pixels",
+                      "max_new_tokens", "soft_formula")
+
 _JPEG_PREPROCESS = "quantise to uint8, encode JPEG quality 95 with PIL, kB = bytes / 1000"
 _HPS_PREPROCESS = (
     "RGB first (alpha: drop_first; the original raises on RGBA), ToTensor, resize longer side to 224 (bicubic, "
@@ -53,6 +67,7 @@ def _hps(name: str) -> RewardSpec:
         score_range="cosine in [-1, 1]; about 0.20-0.33 for real generations. compare: Bradley-Terry on 100*delta",
         preprocess=_HPS_PREPROCESS,
         tiny_options={"model_cfg": TINY_OPEN_CLIP_CFG},
+        card_options=_values("model_cfg", "cache_size"),
     )
 
 
@@ -71,6 +86,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         ),
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*
         tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch"},
+        card_options=_values("config", "crop_rounding", "resize_backend"),
     ),
     RewardSpec(
         name="imagenet-classifier",
@@ -81,6 +97,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="log-probability in (-inf, 0] (or probability in [0, 1] with output='prob')",
         preprocess="resize shorter side 256 (bilinear, antialias), centre crop 224, ImageNet mean/std",
         tiny_options={"target_class": "espresso"},
+        card_options=_values("target_class", "output"),
     ),
     RewardSpec(
         name="clipscore",
@@ -107,6 +124,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*.
         # A fixed init seed whose cosines are mostly positive: the clamp would make an all-negative draw constant.
         tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch", "seed": 2},
+        card_options=_values("convention", "backbone", "text_prefix", "config", "model_cfg", "crop_rounding", "resize_backend", "cache_size", "seed"),
     ),
     RewardSpec(
         name="geneval",
@@ -118,6 +136,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="detector's own (OWLv2: pad to square bottom/right, resize 960, CLIP mean/std); colour: CLIP's",
         tiny_options={"detector": "owlv2", "score": "dense", "colors": "hsv", "score_threshold": 0.5,
                       "counting_threshold": 0.5},
+        card_options=_values("detector", "score", "score_threshold", "counting_threshold", "max_objects", "position_margin"),
     ),
     RewardSpec(
         name="jpeg-compressibility",
@@ -126,6 +145,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         needs_weights=False,
         score_range="-(size in kB): about -2 (flat) to -60 (noise) for 256x256",
         preprocess=_JPEG_PREPROCESS,
+        card_options=_values("quality"),
     ),
     RewardSpec(
         name="jpeg-incompressibility",
@@ -134,6 +154,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         needs_weights=False,
         score_range="size in kB: about 2 (flat) to 60 (noise) for 256x256",
         preprocess=_JPEG_PREPROCESS,
+        card_options=_values("quality"),
     ),
     RewardSpec(
         name="face-mtcnn",
@@ -147,6 +168,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="pixels 0-255 float, MTCNN image pyramid (min face 20 px, factor 0.709), thresholds 0.6/0.7/0.7",
         # random nets: a loose P-net threshold keeps a few windows, so R/O-net probabilities vary by image
         tiny_options={"thresholds": (0.4, 0.0, 0.0), "min_face_size": 40},
+        card_options=_values("mode", "min_prob", "crop_size", "thresholds", "min_face_size"),
     ),
     _hps("hpsv2"),
     _hps("hpsv2.1"),
@@ -163,6 +185,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
             "(alpha: resize_then_drop), OpenAI CLIP mean/std; prompt: bert-base-uncased, padded/truncated to 35 tokens"
         ),
         tiny_options={"tiny": True, "resize_backend": "torch"},
+        card_options=_values("med_config", "vit", "resize_backend", "cache_size"),
     ),
     RewardSpec(
         name="mock",
@@ -173,6 +196,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         needs_weights=False,
         score_range="[-1, 0]; 0 when every pixel has the prompt's colour",
         preprocess="none (pixels in [0, 1])",
+        card_options=_values(),
     ),
     RewardSpec(
         name="ocr",
@@ -185,6 +209,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="uint8 RGB; PP-OCRv5 det (shorter side >= 64, multiples of 32, BGR ImageNet norm), "
         "DB boxes, perspective crops, rec at height 48 in [-1, 1], greedy CTC",
         tiny_options={"target_source": "quoted_or_prompt"},
+        card_options=_values("target_source", "substring_is_match"),
     ),
     RewardSpec(
         name="paco-reward",
@@ -198,6 +223,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="grid panels by floor division; Qwen smart_resize (max_pixels 1024*1024*2 as in training); "
         "chat template, two images then the question",
         tiny_options={"tiny": True, "grid": (1, 2)},
+        card_options=_values("grid", "image_labels", "canonicalize", "mode", "both_orders", "top_logprobs", "min_pixels", "max_pixels", "max_new_tokens"),
     ),
     RewardSpec(
         name="pickscore",
@@ -216,6 +242,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         ),
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*
         tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch"},
+        card_options=_values("config", "resize_backend", "cache_size"),
     ),
     RewardSpec(
         name="preference-head",
@@ -226,6 +253,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="that of the CLIP backbone named in the folder's mmreward.json",
         tiny_options={"backbone": "clipscore", "head": "mlp",
                       "backbone_options": {"config": TINY_CLIP_CONFIG, "resize_backend": "torch"}},
+        card_options={**_values("head", "backbone_weights_file"), "backbone": "reward", "backbone_checkpoint": "path", "backbone_options": "nested"},
     ),
     RewardSpec(
         name="realism-classifier",
@@ -236,6 +264,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, 1]; 1 = certainly a real photograph",
         preprocess="the checkpoint's own image processor (preprocessor_config.json)",
         tiny_options={"arch": "vit"},
+        card_options=_values("real_label", "fake_label", "arch"),
     ),
     RewardSpec(
         name="univfd",
@@ -246,6 +275,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, 1]; 1 = certainly a real photograph",
         preprocess="centre crop 224 without resizing (zero-pad smaller images), CLIP mean/std",
         tiny_options={},
+        card_options={**_values("backbone_format", "backbone_config", "crop", "crop_size", "real_index"), "backbone": "path"},
     ),
     RewardSpec(
         name="realgen-detectors",
@@ -257,6 +287,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, sum of weights]",
         preprocess="each detector's own",
         tiny_options={"detectors": {"classifier": {"reward": "realism-classifier"}, "univfd": {"reward": "univfd"}}},
+        card_options=_values(),  # its loader takes no folder checkpoint, so a card cannot build it anyway
     ),
     RewardSpec(
         name="open-nsfw",
@@ -267,6 +298,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         needs_weights=False,
         score_range="[0, 1]; 1 = certainly safe",
         preprocess="PIL bilinear resize 256x256, JPEG round trip, centre crop 224, BGR - VGG mean",
+        card_options=_values("threshold"),
     ),
     RewardSpec(
         name="nudenet",
@@ -277,6 +309,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         needs_weights=False,
         score_range="[0, 1]; 1 = no exposed body part detected",
         preprocess="pad bottom/right to square, bilinear resize 320, [0, 1], BGR",
+        card_options=_values("threshold", "unsafe_classes"),
     ),
     RewardSpec(
         name="shapes-eval",
@@ -286,6 +319,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, 1]: strict 0/1, partial = fraction of clauses that hold, soft in [0, 1]",
         preprocess="none: colour segmentation on the [0, 1] pixels at any resolution (built for 32-64 px)",
         tiny_options={"mode": "soft", "unknown_prompt": "nan"},
+        card_options=_values("mode", "unknown_prompt"),
     ),
     RewardSpec(
         name="shapes-video-eval",
@@ -296,6 +330,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, 1]: strict 0/1, partial = fraction of clauses that hold, soft and motion graded by closeness",
         preprocess="none: per-frame colour segmentation on the [0, 1] pixels (built for 8 frames at 32 px)",
         tiny_options={"mode": "partial", "unknown_prompt": "nan"},
+        card_options=_values("mode", "unknown_prompt"),
     ),
     RewardSpec(
         name="shapesworld-aesthetic",
@@ -306,6 +341,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="0 (broken) .. 10 (clean render)",
         preprocess="bicubic antialiased resize to 32x32, CLIP mean/std; prompt ignored",
         tiny_options={},
+        card_options=_values(),
     ),
     RewardSpec(
         name="shapesworld-pref",
@@ -316,6 +352,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="exp(logit_scale) * cosine, roughly -30..30; differences are BT logits",
         preprocess="bicubic antialiased resize to 32x32, CLIP mean/std",
         tiny_options={},
+        card_options=_values(),
     ),
     RewardSpec(
         name="temporal-consistency",
@@ -328,6 +365,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="frames as given, or num_frames uniform samples (round(linspace(0, T-1, n))); backbone='pixels' "
         "flattens them, a CLIP backbone uses its own card",
         tiny_options={"backbone": "pixels"},
+        card_options={**_values("num_frames"), "backbone": "reward", "backbone_options": "nested"},
     ),
     RewardSpec(
         name="motion",
@@ -339,6 +377,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, 1]; 0 for a still clip (flicker and noise also count as motion)",
         preprocess="frames as given, or num_frames uniform samples (round(linspace(0, T-1, n))); pixels in [0, 1]",
         tiny_options={},
+        card_options=_values("num_frames"),
     ),
     RewardSpec(
         name="video-frames",
@@ -349,6 +388,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="that of the wrapped image reward",
         preprocess="num_frames uniform samples (round(linspace(0, T-1, n))), then the image reward's own card",
         tiny_options={"image_reward": "mock", "num_frames": 3},
+        card_options={**_values("num_frames", "aggregation", "k"), "image_reward": "reward", "image_options": "nested"},
     ),
     RewardSpec(
         name="hpsv3",
@@ -360,6 +400,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="Qwen smart_resize to exactly 256*28*28 pixels (bicubic), Qwen2-VL processor normalisation, "
         "HPSv3 instruction + '<|Reward|>' prompt",
         tiny_options={"tiny": True},
+        card_options=_values("min_pixels", "max_pixels"),
     ),
     RewardSpec(
         name="videoalign",
@@ -373,6 +414,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="frames as given (or num_frames uniform samples), Qwen smart_resize with max_frame_pixels, "
         "'detailed_special' prompt with three reward tokens",
         tiny_options={"tiny": True},
+        card_options=_values("min_pixels", "max_pixels", "num_frames", "dimension_weights"),
     ),
     RewardSpec(
         name="unifiedreward",
@@ -387,6 +429,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[1, 5] (NaN when the output cannot be parsed)",
         preprocess=_VLM_JUDGE_PREPROCESS,
         tiny_options={"tiny": True, "mode": "soft"},
+        card_options=_JUDGE_CARD,
     ),
     RewardSpec(
         name="unifiedreward-think",
@@ -398,6 +441,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[1, 10] (NaN when the output cannot be parsed)",
         preprocess=_VLM_JUDGE_PREPROCESS,
         tiny_options={"tiny": True, "mode": "soft"},
+        card_options=_JUDGE_CARD,
     ),
     RewardSpec(
         name="videoscore2",
@@ -410,6 +454,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[1, 5]",
         preprocess="frames as given; Qwen smart_resize; chat template",
         tiny_options={"tiny": True, "mode": "soft"},
+        card_options=_JUDGE_CARD,
     ),
     RewardSpec(
         name="vqascore",
@@ -428,6 +473,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="Qwen smart_resize (sides multiple of 28, area in [min_pixels, max_pixels]), bicubic; "
         "processor normalisation; chat template with generation prompt",
         tiny_options={"tiny": True},
+        card_options=_values("min_pixels", "max_pixels"),
     ),
     # image-edit rewards: each item's source image comes in its metadata (edit records, see mmreward.edit)
     RewardSpec(
@@ -441,6 +487,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="source then edited image, each resized to exactly 256*28*28 pixels; EditReward's two "
         "instruction prompts + '<|Reward|>' suffix; chat template with generation prompt",
         tiny_options={"tiny": True},
+        card_options=_values("min_pixels", "max_pixels"),
     ),
     RewardSpec(
         name="editscore",
@@ -454,6 +501,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         preprocess="'<img1>: ' source, '<img2>: ' edited (SC) and '<img1>: ' edited (PQ); Qwen smart_resize "
         "(qwen_vl_utils' pixel bounds); sampled at temperature 0.7",
         tiny_options={"tiny": True, "temperature": 0.0},
+        card_options=_values("score_range", "temperature", "num_pass", "seed", "reduction", "min_pixels", "max_pixels", "max_new_tokens"),
     ),
     RewardSpec(
         name="shapes-edit-eval",
@@ -464,5 +512,6 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         needs_weights=False,
         score_range="strict: 0/1; partial: fraction of 4 clauses; gated: partial if the edit is there, else 0",
         preprocess="source image resized to the edit's size; palette segmentation and template detection",
+        card_options=_values("mode"),
     ),
 )

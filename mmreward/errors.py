@@ -38,6 +38,13 @@ class UnknownOptionError(ConfigError, TypeError):
     """A keyword option that a reward's loader does not accept (a TypeError, as Python raises for one)."""
 
 
+class CardOptionError(CheckpointError, UnknownOptionError):
+    """A folder's mmreward.json sets an option that cards may not set (an endpoint, a key, code, a path outside it).
+
+    Both a CheckpointError (the folder is refused) and an UnknownOptionError (the option is named).
+    """
+
+
 class MissingExtraError(MMRewardError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

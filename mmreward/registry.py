@@ -31,7 +31,13 @@ import torch
 from mmreward.attention import check_choice
 from mmreward.attention import configure as configure_attention
 from mmreward.checkpoints import import_object, parse_source, read_json, resolve_device, resolve_dtype
-from mmreward.errors import CheckpointError, MMRewardError, UnknownOptionError, UnknownRewardError
+from mmreward.errors import (
+    CardOptionError,
+    CheckpointError,
+    MMRewardError,
+    UnknownOptionError,
+    UnknownRewardError,
+)
 from mmreward.types import Reward, RewardSpec
 
 CARD_FILE = "mmreward.json"
@@ -49,6 +55,9 @@ def register_reward(spec: RewardSpec, *, overwrite: bool = False) -> RewardSpec:
         raise ValueError(f"a reward named '{spec.name}' is already registered; pass overwrite=True to replace it")
     if ":" in spec.name or "/" in spec.name:
         raise ValueError(f"reward names may not contain ':' or '/', got '{spec.name}'")
+    bad = {k: v for k, v in spec.card_options.items() if v not in CARD_KINDS}
+    if bad:
+        raise ValueError(f"card_options of '{spec.name}': unknown kinds {bad}; kinds are {sorted(CARD_KINDS)}")
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -147,6 +156,87 @@ def registered_only(why: str) -> Iterator[None]:
         _REGISTERED_ONLY.reset(token)
 
 
+# What a card option's value may be. A card comes with a downloaded folder, so it is untrusted: it may tune
+# how a reward scores, never where data goes (endpoints, keys), what code runs, or which files outside the
+# folder are read. Families declare their card-settable options in RewardSpec.card_options.
+CARD_KINDS: dict[str, str] = {
+    "value": "plain JSON data that tunes scoring (numbers, strings, booleans, lists, objects)",
+    "reward": "a registered reward name, loaded under the same card rules",
+    "path": "a file or folder inside the card's folder, a hub id 'org/repo', or a shipped 'mmreward-assets:' folder",
+    "nested": "a JSON object of options for a nested load, which checks them against its own reward's card options",
+}
+
+# (the card's folder, its reward) while a card's load runs: nested loads obey the card rules as well
+_CARD_SCOPE: contextvars.ContextVar[tuple[Path, str] | None] = contextvars.ContextVar("card_scope", default=None)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _card_error(folder: Path, spec: RewardSpec, names: list[str], why: str) -> CardOptionError:
+    allowed = ", ".join(sorted(spec.card_options)) or "none"
+    scope = _CARD_SCOPE.get()
+    if scope is None:  # the card's own options: the user may pass them to load(folder) explicitly
+        fix = f"mmreward.load('{folder}', {', '.join(f'{n}=...' for n in names)})"
+    else:  # an option of a nested load (a backbone's): the user loads the card's reward by name instead
+        fix = f"mmreward.load('{scope[1]}', checkpoint='{folder}', <the options you choose>)"
+    return CardOptionError(
+        f"{folder / CARD_FILE} sets {', '.join(repr(n) for n in names)} for reward '{spec.name}', which {why}. "
+        f"A downloaded folder's card may not choose endpoints, API keys, code or files outside the folder; for "
+        f"'{spec.name}' it may set: {allowed}. If you trust this folder, pass the option(s) yourself: {fix}."
+    )
+
+
+def _card_path(value: Any, folder: Path, spec: RewardSpec, name: str) -> Any:
+    """A path-valued card option: resolved inside the card's folder, or a hub id; anything else is refused."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise _card_error(folder, spec, [name], f"must be a path inside the folder or a hub id, not a "
+                          f"{type(value).__name__}")
+    text = os.fspath(value).strip()
+    if text.startswith(("hf-hub:", "mmreward-assets:")):
+        return text  # weights fetched through the cache-first hub resolver, or folders shipped with mmreward
+    text = text.removeprefix("local-dir:")
+    root = folder.resolve()
+    path = Path(text)
+    candidate = (path if path.is_absolute() else root / path).resolve()
+    if candidate.exists() and candidate.is_relative_to(root):
+        return str(candidate)  # relative paths mean the card's folder, wherever it was downloaded to
+    if not path.is_absolute() and ".." not in path.parts and _HUB_ID.fullmatch(text):
+        return text
+    raise _card_error(folder, spec, [name], f"names the path {text!r} outside the card's folder {root}")
+
+
+def _check_card_options(spec: RewardSpec, options: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The card-set `options` of `spec` with paths resolved in `folder`; a CardOptionError for any not allowed."""
+    refused = sorted(set(options) - set(spec.card_options))
+    if refused:
+        raise _card_error(folder, spec, refused, "a card may not set")
+    checked = {}
+    for name, value in options.items():
+        kind = spec.card_options[name]
+        if kind == "path":
+            value = _card_path(value, folder, spec, name)
+        elif kind == "reward" and (not isinstance(value, str) or parse_source(value, _REGISTRY).kind != "name"):
+            raise _card_error(folder, spec, [name], f"must be a registered reward name, got {value!r}")
+        elif kind == "nested" and not (value is None or isinstance(value, dict) and _is_plain(value)):
+            raise _card_error(folder, spec, [name], "must be a JSON object of options")
+        elif not _is_plain(value):
+            raise _card_error(folder, spec, [name], f"must be plain JSON data, got a {type(value).__name__}")
+        checked[name] = value
+    return checked
+
+
 def is_reward_class(obj: Any) -> bool:
     return isinstance(obj, type) and issubclass(obj, Reward)
 
@@ -243,6 +333,14 @@ def load(
     attention = check_choice(options.pop("attention", "auto"))  # checked before any (slow) model load
     _ensure_builtins()
     src = parse_source(name_or_source, _REGISTRY)
+    scope = _CARD_SCOPE.get()
+    card_folder = scope[0] if scope is not None else None
+    if card_folder is not None and src.kind != "name":
+        # a load triggered by a card (a backbone, a detector) names registered rewards only, never another folder
+        raise UnknownRewardError(
+            f"'{name_or_source}' is not a registered reward name, which loads triggered by "
+            f"{card_folder / CARD_FILE} must use. Registered rewards: {', '.join(sorted(_REGISTRY))}"
+        )
     if src.kind == "class":
         why = _REGISTERED_ONLY.get()
         if why is not None:
@@ -257,14 +355,28 @@ def load(
         spec, tag = _spec_for_repo(src.value)
         checkpoint = checkpoint or ("hf-hub:" + src.value + (f"@{src.revision}" if src.revision else ""))
     elif src.kind == "local":
-        card = _read_card(Path(src.value))
-        spec, tag = get_spec(card["reward"]), None
-        checkpoint = checkpoint or src.value
-        with registered_only(f"the card {Path(src.value) / CARD_FILE}"):
-            return load(spec.name, checkpoint, device, dtype, weights,
-                        **{**card.get("options", {}), **options, "attention": attention})
+        folder = Path(src.value)
+        card = _read_card(folder)
+        spec = get_spec(card["reward"])
+        # the card's options pass its allow-list; options the user passes here are theirs and override it
+        card_options = {k: v for k, v in card.get("options", {}).items() if k not in options}
+        merged = {**_check_card_options(spec, card_options, folder), **options}
+        with registered_only(f"the card {folder / CARD_FILE}"):
+            token = _CARD_SCOPE.set((folder, spec.name))
+            try:
+                return _load_spec(spec, None, checkpoint or src.value, device, dtype, weights, attention, merged)
+            finally:
+                _CARD_SCOPE.reset(token)
     else:
         spec, tag = get_spec(src.value), src.tag
+        if card_folder is not None:  # nested under a card: its options and checkpoint obey the card rules too
+            options = _check_card_options(spec, options, card_folder)
+            checkpoint = _card_path(checkpoint, card_folder, spec, "checkpoint")
+    return _load_spec(spec, tag, checkpoint, device, dtype, weights, attention, options)
+
+
+def _load_spec(spec: RewardSpec, tag: str | None, checkpoint: str | os.PathLike | None, device, dtype,
+               weights: str, attention: str, options: dict[str, Any]) -> Reward:
     if tag is not None and checkpoint is None:
         if tag not in spec.tags:
             raise UnknownRewardError(

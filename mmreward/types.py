@@ -427,6 +427,10 @@ class RewardSpec:
     needs_weights: bool = True
     # options that build a tiny random-weight instance for the conformance suite and demos
     tiny_options: dict[str, Any] = field(default_factory=dict)
+    # the options a downloaded folder's mmreward.json may set, each with the kind of value it takes
+    # ("value", "reward", "path", "nested"; see mmreward.registry.CARD_KINDS). Anything else in a card is
+    # refused: a card must not choose endpoints, keys, code or files outside its folder.
+    card_options: dict[str, str] = field(default_factory=dict)
 
     def missing_requirements(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]

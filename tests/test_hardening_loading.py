@@ -164,7 +164,8 @@ def _preference_head(folder: Path) -> Family:
     _hf_clip(folder / "clip")
     (folder / "mmreward.json").write_text(json.dumps({
         "reward": "preference-head",
-        "options": {"backbone": "clipscore", "backbone_checkpoint": str(folder / "clip"), "head": "mlp"},
+        # relative to the card's folder: a card may not point outside it (a copied folder keeps working)
+        "options": {"backbone": "clipscore", "backbone_checkpoint": "clip", "head": "mlp"},
     }))
     _save_sd(make_head("mlp", 16).state_dict(), folder / "head.safetensors")
     return Family("preference-head", {}, "head.safetensors", "0.")

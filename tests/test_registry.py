@@ -48,7 +48,7 @@ def test_tags_class_sources_and_local_cards(tmp_path):
         return mmreward.load("mock")
 
     register_reward(RewardSpec("test-tagged", loader, "t", default_checkpoint="org/default",
-                               tags={"small": "org/small"}), overwrite=True)
+                               tags={"small": "org/small"}, card_options={"head": "value"}), overwrite=True)
     mmreward.load("test-tagged:small")
     assert seen["checkpoint"] == "org/small"
     with pytest.raises(UnknownRewardError, match="no tag 'huge'"):
