@@ -301,7 +301,7 @@ def sample_frame_indices(
     *,
     fps: float | None = None,
     source_fps: float | None = None,
-    sampling: Literal["uniform", "center", "all", "qwen-vl"] = "uniform",
+    sampling: Literal["uniform", "center", "all", "qwen-vl", "qwen-vl-utils"] = "uniform",
 ) -> list[int]:
     """Which frames to keep.
 
@@ -321,6 +321,15 @@ def sample_frame_indices(
             raise MediaError("sampling by fps needs the video's own frame rate, which is unknown for this file")
         if fps <= 0:
             raise RewardInputError(f"fps must be > 0, got {fps}")
+        if sampling == "qwen-vl-utils":
+            # the released qwen_vl_utils (0.0.10 to 0.0.14, what VideoScore2 and t2v_metrics install):
+            # smart_nframes floors the count to an even number (30 frames at 8 fps, 2 fps: 7.5 -> 6)
+            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2,
+                        total)
+            count = int(count // 2) * 2
+            if count < 2:
+                return list(range(total))
+            return np.linspace(0, total - 1, count).round().astype(int).tolist()
         if sampling == "qwen-vl":
             count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2,
                         total)

@@ -107,7 +107,7 @@ class VLMJudge(Reward):
         self.video_frames = family.video_frames if video_frames is None else (video_frames or None)
         fps = family.sample_fps if sample_fps is None else (sample_fps or None)
         if fps is not None:  # Reward.prepare keeps these frames of each clip (qwen_vl_utils' smart_nframes)
-            self.card_fps, self.card_fps_sampling = float(fps), "qwen-vl"
+            self.card_fps, self.card_fps_sampling = float(fps), "qwen-vl-utils"
         self.truncated_count = 0  # generations that hit the token limit before an answer, since loading
 
     # -- decoding -----------------------------------------------------------------------------

@@ -72,7 +72,7 @@ class VQAScore(Reward):
             repetition_penalty = getattr(getattr(model, "generation_config", None), "repetition_penalty", None)
         self.repetition_penalty = float(repetition_penalty or 1.0)
         if video_fps:  # Reward.prepare keeps these frames of each clip (qwen_vl_utils' smart_nframes)
-            self.card_fps, self.card_fps_sampling = float(video_fps), "qwen-vl"
+            self.card_fps, self.card_fps_sampling = float(video_fps), "qwen-vl-utils"
         answer_ids = processor.tokenizer(answer_template, add_special_tokens=False).input_ids
         if not answer_ids:
             raise RewardInputError(f"answer_template {answer_template!r} encodes to no tokens")
