@@ -42,8 +42,9 @@ def _values(*names: str) -> dict[str, str]:
 
 # Never card-settable, in any family (a downloaded folder must not choose them): backend, base_url, api_key,
 # timeout, max_retries, max_concurrency, image_format (judges' network backends); tokenizer, processor,
-# base_model, filename, model_name, backbone_model_name, engine, detector_options (files or hub repos other
-# than the folder's); prompt templates (str.format strings can read attributes of what they format); tiny;
+# base_model, filename, model_name, backbone_model_name, engine, detector_options, open_clip model configs
+# (model_cfg, univfd's backbone_config: text_cfg.hf_model_name makes open_clip fetch a hub config) (files or
+# hub repos other than the folder's); prompt templates (str.format strings can read attributes of what they format); tiny;
 # attention; anything a family's loader forwards unchecked through **options.
 _JUDGE_CARD = _values("mode", "samples", "temperature", "seed", "debias", "min_pixels", "max_pixels",
                       "max_new_tokens", "soft_formula")
@@ -67,7 +68,7 @@ def _hps(name: str) -> RewardSpec:
         score_range="cosine in [-1, 1]; about 0.20-0.33 for real generations. compare: Bradley-Terry on 100*delta",
         preprocess=_HPS_PREPROCESS,
         tiny_options={"model_cfg": TINY_OPEN_CLIP_CFG},
-        card_options=_values("model_cfg", "cache_size"),
+        card_options=_values("cache_size"),
     )
 
 
@@ -124,7 +125,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         # conformance compares the two paths to 1e-3; the Pillow-vs-torch deviation is measured in tests/test_zoo_*.
         # A fixed init seed whose cosines are mostly positive: the clamp would make an all-negative draw constant.
         tiny_options={"config": TINY_CLIP_CONFIG, "resize_backend": "torch", "seed": 2},
-        card_options=_values("convention", "backbone", "text_prefix", "config", "model_cfg", "crop_rounding", "resize_backend", "cache_size", "seed"),
+        card_options=_values("convention", "backbone", "text_prefix", "config", "crop_rounding", "resize_backend", "cache_size", "seed"),
     ),
     RewardSpec(
         name="geneval",
@@ -275,7 +276,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         score_range="[0, 1]; 1 = certainly a real photograph",
         preprocess="centre crop 224 without resizing (zero-pad smaller images), CLIP mean/std",
         tiny_options={},
-        card_options={**_values("backbone_format", "backbone_config", "crop", "crop_size", "real_index"), "backbone": "path"},
+        card_options={**_values("backbone_format", "crop", "crop_size", "real_index"), "backbone": "path"},
     ),
     RewardSpec(
         name="realgen-detectors",

@@ -75,6 +75,7 @@ def _images(n: int = 2) -> torch.Tensor:
     ("vqascore", {"trust_remote_code": True}, ["trust_remote_code"]),
     ("clipscore", {"tokenizer": "/etc"}, ["tokenizer"]),
     ("hpsv2", {"filename": "/etc/passwd"}, ["filename"]),
+    ("hpsv2", {"model_cfg": {"text_cfg": {"hf_model_name": "org/any-repo"}}}, ["model_cfg"]),
     ("unifiedreward", {"pointwise_template": "{prompt.__class__}"}, ["pointwise_template"]),
 ])
 def test_card_with_network_code_or_outside_options_is_refused_and_nothing_connects(
@@ -200,7 +201,8 @@ def test_card_paths_resolve_inside_the_folder_whatever_the_working_directory(tmp
 # ---------------------------------------------------------------------------------------------- audit
 _NEVER = {"backend", "base_url", "api_key", "timeout", "max_retries", "max_concurrency", "image_format",
           "trust_remote_code", "tokenizer", "processor", "base_model", "filename", "model_name",
-          "backbone_model_name", "engine", "detector_options", "tiny", "attention", "weights", "device", "dtype"}
+          "backbone_model_name", "engine", "detector_options", "tiny", "attention", "weights", "device", "dtype",
+          "model_cfg", "backbone_config"}  # open_clip configs: text_cfg.hf_model_name fetches a hub config
 _NEVER_PARTS = ("url", "key", "host", "server", "endpoint", "port", "remote", "tokenizer", "template", "secret")
 
 
