@@ -294,6 +294,24 @@ class EditScore(Reward):
         return RewardOutput(overall, details, rationales)
 
 
+def _current_lora_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Adapter keys saved with transformers < 4.52 (base_model.model.model.layers.*, base_model.model.visual.*)
+    renamed to the current Qwen-VL layout (model.language_model.*, model.visual.*); current keys are kept.
+    We rename ourselves rather than rely on the installed PEFT doing it, and the strict check that follows
+    still sees every key: a renamed key with no module to go to is an error, never dropped."""
+    from mmreward.models._qwen_vl import legacy_to_current_keys
+
+    prefix = "base_model.model."
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if key.startswith(prefix):
+            key = prefix + next(iter(legacy_to_current_keys({key[len(prefix):]: value})))
+        if key in out:
+            raise CheckpointError(f"the LoRA adapter holds {key} in both the pre-4.52 and the current key layout")
+        out[key] = value
+    return out
+
+
 def merge_peft_lora(vlm: nn.Module, adapter: str | Path) -> nn.Module:
     """The VLM with a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) merged in,
     after checking that every adapter weight has a module to go to and every targeted module got its weights."""
@@ -305,7 +323,7 @@ def merge_peft_lora(vlm: nn.Module, adapter: str | Path) -> nn.Module:
     cfg = read_json(files["adapter_config.json"], "EditScore LoRA config")
     fields = {k: v for k, v in cfg.items() if k in LoraConfig.__dataclass_fields__ and k not in ("peft_type", "task_type")}
     model = get_peft_model(vlm, LoraConfig(**fields))
-    sd = load_state_dict(files["adapter_model.safetensors"])
+    sd = _current_lora_keys(load_state_dict(files["adapter_model.safetensors"]))
     result = set_peft_model_state_dict(model, sd)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     own = {k for k in model.state_dict() if "lora_" in k}
