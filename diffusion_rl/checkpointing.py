@@ -146,8 +146,9 @@ def restore(path: Path, state: dict[str, Any], policy: Policy, algorithm: Any) -
     policy.steps = state["optimizer_steps"]
 
 
-def find_resume(value: str, out_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint to resume from and its state; 'latest' skips incomplete checkpoints with a warning."""
+def find_resume(value: str, out_dir: Path, run_id: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to resume from and its state; 'latest' skips incomplete checkpoints with a warning, and,
+    given the folder's `run_id` (run.json), checkpoints of another run: 'latest' is the latest of this run."""
     if value != "latest":
         path = Path(value)
         if not path.is_dir():
@@ -159,10 +160,16 @@ def find_resume(value: str, out_dir: Path) -> tuple[Path, dict[str, Any]]:
                    key=lambda d: int(d.name[5:]))
     for path in reversed(found):
         try:
-            return path, read_checkpoint(path)
+            state = read_checkpoint(path)
         except CheckpointError as exc:
             warnings.warn(f"train.resume_from='latest': skipping {path}, which is incomplete or corrupt ({exc})",
                           stacklevel=2)
+            continue
+        if run_id is not None and state.get("run_id") not in (None, run_id):
+            warnings.warn(f"train.resume_from='latest': skipping {path}, saved by another run ({state['run_id']}, "
+                          f"this folder's run is {run_id})", stacklevel=2)
+            continue
+        return path, state
     raise ConfigError(f"train.resume_from='latest' but {root} holds no complete checkpoint; "
                       "unset train.resume_from to start a new run")
 
@@ -212,6 +219,7 @@ def write_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     meta: dict[str, Any] = {
         "format": CHECKPOINT_FORMAT, "iteration": state["iteration"], "optimizer_steps": state["optimizer_steps"],
         "history": state["history"], "algorithm": state.get("algorithm"), "config": state.get("config"),
+        "run_id": state.get("run_id"),
         "optimizer": {"param_groups": opt["param_groups"], "scalars": opt_scalars},
         "ema": None if ema is None else {"num_updates": ema["num_updates"], "size": len(ema["shadow"])},
         "files": {},
@@ -288,7 +296,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return {"iteration": meta["iteration"], "optimizer_steps": meta["optimizer_steps"], "params": tensors["params"],
             "optimizer": {"state": opt_state, "param_groups": groups}, "ema": ema,
             "algorithm": meta.get("algorithm"), "history": meta["history"], "config": meta.get("config"),
-            "algorithm_tensors": tensors.get("algorithm")}
+            "algorithm_tensors": tensors.get("algorithm"),
+            "run_id": meta["run_id"] if isinstance(meta.get("run_id"), str) else None}
 
 
 def _read_legacy_checkpoint(file: Path) -> dict[str, Any]:

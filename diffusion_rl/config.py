@@ -149,6 +149,8 @@ class ModelConfig:
     lora_rank: int = _f(32, "LoRA rank")
     lora_alpha: int = _f(64, "LoRA alpha")
     lora_targets: list[str] | None = _f(None, "module names to adapt (default: the attention projections)")
+    lora_init: str = _f("gaussian", "LoRA initialisation: 'gaussian' (A ~ N(0, 1/r), B = 0) or 'default' (PEFT's "
+                        "init_lora_weights=True: Kaiming-uniform A, B = 0; Pref-GRPO's train_flux.py)")
     gradient_checkpointing: bool | None = _f(None, "recompute the denoiser's activations in backward to save memory "
                                              "(same gradients, ~1 more forward per backward); None = auto: on for "
                                              "video pipelines, off for image ones")
@@ -165,6 +167,7 @@ class ModelConfig:
         _validate_types(self, "model")
         _choice("model.dtype", self.dtype, ["float32", "bfloat16", "float16"])
         _choice("model.attention", self.attention, ["auto", "sdpa", "xformers", "flash", "math"])
+        _choice("model.lora_init", self.lora_init, ["gaussian", "default"])
         _positive("model.lora_rank", self.lora_rank)
         _positive("model.lora_alpha", self.lora_alpha)
         _positive("model.height", self.height)
@@ -422,6 +425,10 @@ TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvc
 class LogConfig:
     output_dir: str = _f("runs/diffusion_rl", "where metrics.jsonl, grids, curves and checkpoints go (relative to the "
                          "current directory, also in a YAML file: outputs go where you run)")
+    overwrite: bool = _f(False, "start a new run in a log.output_dir that holds an earlier run, removing that "
+                         "run's files (metrics, checkpoints, grids, final/); without it such a folder is refused")
+    new_run_suffix: bool = _f(False, "start a new run in the first free '<output_dir>-N' when log.output_dir "
+                              "holds an earlier run")
     eval_every: int = _f(10, "iterations between evaluations (0: only at the start and end)")
     eval_at_start: bool = _f(True, "evaluate before training (the baseline; deterministic, so it can be skipped on reruns)")
     save_every: int = _f(0, "iterations between checkpoints (0: only at the end)")
@@ -442,6 +449,8 @@ class LogConfig:
         _validate_types(self, "log")
         if not self.output_dir.strip():
             raise ConfigError("log.output_dir is empty: give a folder for metrics, grids and checkpoints")
+        if self.overwrite and self.new_run_suffix:
+            raise ConfigError("log.overwrite and log.new_run_suffix both set: choose one")
         for name in ("eval_every", "save_every", "grid_every"):
             _positive(f"log.{name}", getattr(self, name), allow_zero=True)
         _positive("log.max_grid_images", self.max_grid_images)

@@ -115,8 +115,15 @@ def _plot_guard(ax: Any, history: list[dict[str, Any]], gold_keys: list[str]) ->
 def append_metrics(out_dir: Path, metrics: dict[str, Any]) -> None:
     """One line of metrics.jsonl (the trackers get the same metrics through `Accelerator.log`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(metrics) + "\n")
+    line = (json.dumps(metrics) + "\n").encode()
+    with open(out_dir / "metrics.jsonl", "ab") as f:
+        start = f.seek(0, os.SEEK_END)
+        try:
+            f.write(line)
+            f.flush()
+        except OSError:  # a full disk: never leave half a line, which would make the whole file unreadable
+            f.truncate(start)
+            raise
 
 
 def rewrite_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:

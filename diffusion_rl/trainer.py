@@ -18,13 +18,23 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from diffusion_rl import branching, checkpointing, hacking_guard, memory, reporting, selection, sharding
+from diffusion_rl import (
+    branching,
+    checkpointing,
+    hacking_guard,
+    memory,
+    reporting,
+    run_folder,
+    selection,
+    sharding,
+)
 from diffusion_rl.accelerator import make_accelerator
 from diffusion_rl.algorithms import DiffusionNFT, DRaFT, make_algorithm
 from diffusion_rl.config import RunConfig, save_config
@@ -52,8 +62,17 @@ class Trainer:
         if not self.train_prompts:
             raise ConfigError("prompts.train is empty: give a list of prompts or a text file with one per line")
         self.eval_prompts = cfg.prompts.load("eval")
-        self.out_dir = Path(cfg.log.output_dir)
-        resume = checkpointing.find_resume(cfg.train.resume_from, self.out_dir) if cfg.train.resume_from else None
+        # one run per folder: a new run never mixes with an earlier one's metrics and checkpoints (run_folder)
+        resuming = cfg.train.resume_from is not None
+        self.out_dir = run_folder.choose_output_dir(
+            Path(cfg.log.output_dir), resuming=resuming, overwrite=cfg.log.overwrite and acc.is_main_process,
+            new_run_suffix=cfg.log.new_run_suffix)
+        acc.wait_for_everyone()
+        run_folder.check_not_locked(self.out_dir)
+        resume = (checkpointing.find_resume(cfg.train.resume_from, self.out_dir, run_folder.read_run_id(self.out_dir))
+                  if resuming else None)
+        self.run_id = (resume[1].get("run_id") if resume else None) or run_folder.new_run_id()
+        self.resumed_from = str(resume[0]) if resume else None
         self.rewards = load_run_rewards(cfg, acc.device)
         pipeline = run_pipeline(cfg.model, acc.device, pipeline)
         self.adapter = adapter_for_config(pipeline, cfg.model)
@@ -71,7 +90,9 @@ class Trainer:
         if resume is not None:
             self._restore(*resume)
             if acc.is_main_process:
-                reporting.rewrite_metrics(self.out_dir, self.history)
+                reporting.rewrite_metrics(self.out_dir, [{"run_id": self.run_id, **m} for m in self.history])
+                print(f"diffusion-rl: resuming run {self.run_id} from {resume[0]} at iteration {self.iteration} "
+                      f"of {cfg.train.iterations}", file=sys.stderr)
 
     def embeds_for(self, prompts: list[str]) -> PromptEmbeds:
         """Prompt embeddings, computed once per distinct prompt and cached (the text encoders are frozen).
@@ -212,10 +233,21 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         """Train for `train.iterations`, with evaluation, grids, curves and checkpoints; returns the metric history."""
+        main = self.accelerator.is_main_process
+        if main:
+            run_folder.acquire_lock(self.out_dir)
+        try:
+            return self._fit()
+        finally:
+            if main:
+                run_folder.release_lock(self.out_dir)
+
+    def _fit(self) -> list[dict[str, Any]]:
         cfg, main = self.cfg, self.accelerator.is_main_process
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out_dir / "config.yaml")
+            run_folder.write_run_file(self.out_dir, self.run_id, self.resumed_from)
         reporting.open_trackers(self.accelerator, cfg)
         if self.iteration == 0 and self.eval_prompts and cfg.log.eval_at_start:
             self.log({"iteration": 0, **self.evaluate("_start")})
@@ -242,7 +274,12 @@ class Trainer:
             if cfg.log.save_every and self.iteration % cfg.log.save_every == 0:
                 self.save_checkpoint()
         if self.eval_prompts and last_eval != self.iteration and cfg.train.iterations > 0:
-            self.log({"iteration": self.iteration, **self.evaluate("_end")})
+            try:
+                final = self.evaluate("_end")
+            except BaseException:  # the trained weights outlive a failing final evaluation (resume re-runs it)
+                self.save_checkpoint()
+                raise
+            self.log({"iteration": self.iteration, **final})
         elif self.eval_prompts and main and (self.out_dir / "eval_grid.png").exists():
             shutil.copy(self.out_dir / "eval_grid.png", self.out_dir / "eval_grid_end.png")
         self.save_checkpoint()
@@ -261,11 +298,13 @@ class Trainer:
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
         if self.accelerator.is_main_process:
-            reporting.append_metrics(self.out_dir, metrics)
+            reporting.append_metrics(self.out_dir, {"run_id": self.run_id, **metrics})
             self.accelerator.log({k: v for k, v in metrics.items() if k != "iteration"}, step=metrics["iteration"])
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return checkpointing.training_state(self.policy, self.algorithm, self.iteration, self.history, self.cfg.to_dict())
+        state = checkpointing.training_state(self.policy, self.algorithm, self.iteration, self.history,
+                                             self.cfg.to_dict())
+        return {**state, "run_id": self.run_id}
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """Write the training state to `path` (default checkpoints/iter_NNNNNN) atomically."""

@@ -14,5 +14,5 @@ echo "== mmreward compare --reward mock --prompt 'a red circle' (red circle vs b
 .venv/bin/mmreward compare --reward mock --prompt "a red circle" assets/samples/red_circle.png assets/samples/flat_sky.png
 echo "== diffusion-rl train: 3 GRPO iterations on the ShapesWorld generator (full run: configs/shapes_grpo.yaml)"
 .venv/bin/diffusion-rl train --config configs/shapes_grpo.yaml train.iterations=3 \
-  prompts.eval_samples_per_prompt=4 log.output_dir=runs/demo log.progress=false
+  prompts.eval_samples_per_prompt=4 log.output_dir=runs/demo log.overwrite=true log.progress=false
 echo "== reward curve and before/after grids in runs/demo/"
