@@ -119,3 +119,25 @@ def load_clip_colors(
     else:
         raise ConfigError(f"colour backbone: expected 'auto', 'open_clip' or 'transformers', got {backbone!r}")
     return ClipColorClassifier(net.eval())
+
+
+class LazyClipColors(torch.nn.Module):
+    """Loads the CLIP colour classifier at the first colour clause: prompts without colours never need the
+    ViT-L/14 weights. A missing checkpoint is still an error, raised then. Device/dtype moves of the reward
+    are kept on an empty anchor buffer and applied to the classifier when it loads."""
+
+    def __init__(self, checkpoint: str | None, weights: str, options: dict) -> None:
+        super().__init__()
+        self.checkpoint, self.weights, self.options = checkpoint, weights, dict(options)
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+        self.inner: ClipColorClassifier | None = None
+
+    def loaded(self) -> ClipColorClassifier:
+        if self.inner is None:
+            self.inner = load_clip_colors(self.checkpoint, weights=self.weights, **self.options).to(
+                device=self._anchor.device, dtype=self._anchor.dtype
+            )
+        return self.inner
+
+    def classify(self, image: torch.Tensor, objects: Sequence[Detection], name: str) -> list[str]:
+        return self.loaded().classify(image, objects, name) if objects else []

@@ -203,9 +203,9 @@ def _colors(colors: Any, checkpoint: str | None, weights: str, options: dict, ne
     if colors == "clip":
         if not needed and checkpoint is None:  # ShapesWorld detections carry exact colours
             return None
-        from mmreward.geneval.clip_colors import load_clip_colors
+        from mmreward.geneval.clip_colors import LazyClipColors
 
-        return load_clip_colors(checkpoint, weights=weights, **options)
+        return LazyClipColors(checkpoint, weights, options)
     if colors == "hsv":
         from mmreward.geneval.colors import HSVColors
 
