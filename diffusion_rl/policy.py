@@ -44,7 +44,8 @@ class Policy:
             targets = cfg.model.lora_targets or DEFAULT_LORA_TARGETS[adapter.family]
             model.requires_grad_(False)
             model.add_adapter(LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
-                                         init_lora_weights="gaussian", target_modules=targets))
+                                         init_lora_weights=True if cfg.model.lora_init == "default" else "gaussian",
+                                         target_modules=targets))
         else:
             model.requires_grad_(True)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -99,6 +99,9 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 PREF_GRPO_PRESETS: dict[str, dict[str, Any]] = {
+    # Pref-GRPO (CodeGoat24/Pref-GRPO@3e787f6 scripts/_common_finetune.sh, fastvideo/train_flux.py,
+    # fastvideo/rewards/unifiedreward_think.py): each pair of a group judged once, the earlier sample as Image 1
+    # (itertools.combinations); PEFT's default LoRA init (init_lora_weights=True)
     "pref_grpo": {
         "train": {"algorithm": "pref_grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
                   "timestep_selection": "random", "kl_beta": 0.0, "ratio_norm": True, "max_grad_norm": 1.0,
@@ -106,8 +109,8 @@ PREF_GRPO_PRESETS: dict[str, dict[str, Any]] = {
         "sample": {"num_steps": 25, "guidance_scale": 3.5, "kernel": "flow_sde", "noise_level": 0.7, "group_size": 8,
                    "share_initial_noise": True, "prompts_per_iteration": 4},
         "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
-        "model": {"lora": True, "lora_rank": 64, "lora_alpha": 128},
-        "reward": {"both_orders": True, "win_mode": "hard"},
+        "model": {"lora": True, "lora_rank": 64, "lora_alpha": 128, "lora_init": "default"},
+        "reward": {"both_orders": False, "win_mode": "hard"},
     },
 }
 
