@@ -425,6 +425,10 @@ TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvc
 class LogConfig:
     output_dir: str = _f("runs/diffusion_rl", "where metrics.jsonl, grids, curves and checkpoints go (relative to the "
                          "current directory, also in a YAML file: outputs go where you run)")
+    overwrite: bool = _f(False, "start a new run in a log.output_dir that holds an earlier run, removing that "
+                         "run's files (metrics, checkpoints, grids, final/); without it such a folder is refused")
+    new_run_suffix: bool = _f(False, "start a new run in the first free '<output_dir>-N' when log.output_dir "
+                              "holds an earlier run")
     eval_every: int = _f(10, "iterations between evaluations (0: only at the start and end)")
     eval_at_start: bool = _f(True, "evaluate before training (the baseline; deterministic, so it can be skipped on reruns)")
     save_every: int = _f(0, "iterations between checkpoints (0: only at the end)")
@@ -445,6 +449,8 @@ class LogConfig:
         _validate_types(self, "log")
         if not self.output_dir.strip():
             raise ConfigError("log.output_dir is empty: give a folder for metrics, grids and checkpoints")
+        if self.overwrite and self.new_run_suffix:
+            raise ConfigError("log.overwrite and log.new_run_suffix both set: choose one")
         for name in ("eval_every", "save_every", "grid_every"):
             _positive(f"log.{name}", getattr(self, name), allow_zero=True)
         _positive("log.max_grid_images", self.max_grid_images)
