@@ -15,8 +15,9 @@ on a private loopback port behind it. Everything a client sends is bounded here,
   while it is decoded and refused at the cap; the whole body must arrive within `body_timeout_s` (408);
 - at most `max_connections` connections are served at once; one more is answered 503 and closed.
 
-Only what a handler needs is forwarded (method, path, Content-Type, Authorization, the de-chunked body), over
-a fresh loopback connection per request, so request smuggling between the two parsers has nothing to use.
+Only what a handler needs is forwarded (method, path, Content-Type, Authorization, the de-chunked body with
+its exact Content-Length), over kept-alive loopback connections, so request smuggling between the two parsers
+has nothing to use.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _REASONS = {200: "OK", 100: "Continue", 400: "Bad Request", 401: "Unauthorized",
 _LINGER_S = 2.0  # after an error answer, how long unread input is discarded so the client can read the answer
 _LINGER_BYTES = 16 * 2**20  # ... and at most this much of it (discarded in 64 KiB reads: no memory grows)
 _FORWARDED = ("content-type", "authorization", "accept")
+_UPSTREAM_IDLE = 64  # kept-alive connections to Ray's proxy (a new TCP connection per request costs ~30%)
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ class FrontEnd:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []  # kept-alive upstream connections
 
     # --- lifecycle: an event loop of its own in a daemon thread, so the caller's code stays synchronous
     def start(self) -> int:
@@ -373,28 +376,50 @@ class FrontEnd:
                                                                  f"({type(exc).__name__})"}).encode()
 
     async def _upstream(self, head: Head, body: bytes) -> tuple[int, str, bytes]:
-        host, port = self.upstream
-        reader, writer = await asyncio.open_connection(host, port, limit=self.limits.max_line_bytes * 8)
-        try:
-            method, target, _ = head.start
-            lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}",
-                     "Connection: close"]
-            lines += [f"{k.title()}: {v}" for k, v in head.headers if k in _FORWARDED]
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-            await writer.drain()
-            # the upstream is our own Ray proxy: trusted, but its answer is still read with bounds
-            up_limits = HTTPLimits(max_line_bytes=self.limits.max_line_bytes * 8, max_headers=200)
-            resp = await read_head(reader, up_limits, request=False)
-            status = int(resp.start[1])
-            ctype = resp.get("content-type") or "application/json"
-            response_cap = 4 * self.limits.max_body_bytes + 2**20  # scores and details are far smaller
-            length = body_length(resp, response_cap)
-            if length is None:
-                data = await read_body(reader, None, up_limits, response_cap)
-            elif resp.get("content-length") is not None:
-                data = await reader.readexactly(length)
-            else:  # neither: the body runs to the end of the connection
-                data = await reader.read(response_cap)
+        """Send one request upstream on a kept-alive connection (a fresh one when none is idle, or when the
+        idle one turns out closed: scoring has no side effects, so that single retry is safe)."""
+        while True:
+            conn = None
+            while self._idle and conn is None:
+                reader, writer = self._idle.pop()
+                conn = None if reader.at_eof() or writer.is_closing() else (reader, writer)
+            fresh = conn is None
+            if fresh:
+                conn = await asyncio.open_connection(*self.upstream, limit=self.limits.max_line_bytes * 8)
+            reader, writer = conn
+            try:
+                status, ctype, data, reusable = await self._exchange(reader, writer, head, body)
+            except (OSError, HTTPProtocolError, asyncio.IncompleteReadError):
+                writer.close()
+                if fresh:
+                    raise
+                continue
+            if reusable and len(self._idle) < _UPSTREAM_IDLE:
+                self._idle.append(conn)
+            else:
+                writer.close()
             return status, ctype, data
-        finally:
-            writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: Head,
+                        body: bytes) -> tuple[int, str, bytes, bool]:
+        host, port = self.upstream
+        method, target, _ = head.start
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+        lines += [f"{k.title()}: {v}" for k, v in head.headers if k in _FORWARDED]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        await writer.drain()
+        # the upstream is our own Ray proxy: trusted, but its answer is still read with bounds
+        up_limits = HTTPLimits(max_line_bytes=self.limits.max_line_bytes * 8, max_headers=200)
+        resp = await read_head(reader, up_limits, request=False)
+        status = int(resp.start[1])
+        ctype = resp.get("content-type") or "application/json"
+        response_cap = 4 * self.limits.max_body_bytes + 2**20  # scores and details are far smaller
+        length = body_length(resp, response_cap)
+        closes = "close" in (resp.get("connection") or "").lower() or resp.start[0] != "HTTP/1.1"
+        if length is None:
+            data = await read_body(reader, None, up_limits, response_cap)
+        elif resp.get("content-length") is not None:
+            data = await reader.readexactly(length)
+        else:  # neither: the body runs to the end of the connection
+            data, closes = await reader.read(response_cap), True
+        return status, ctype, data, not closes
