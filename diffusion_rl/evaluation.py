@@ -69,9 +69,15 @@ def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: K
         out[f"eval/{name}"] = float(allv.mean())
         out[f"eval/{name}_se"] = float(allv.std() / math.sqrt(len(allv))) if len(allv) > 1 else 0.0
     if acc.is_main_process and images_all and grid is not None:
-        from diffusion_rl.reporting import save_grid
+        from diffusion_rl.reporting import grid_selection, save_captioned_grid
 
-        save_grid(torch.cat(images_all)[: cfg.log.max_grid_images], grid, ncol=min(8, max(1, n)) if n > 1 else 8)
+        rows = grid_selection(mine, cfg.log.max_grid_images)
+        first = next(iter(rewards), None)
+        captions = []
+        for idx in rows:
+            shown = " ".join(f"{scores[first][k]:.2f}" for k in idx) if first else ""
+            captions.append(f"{prompts[mine[idx[0]][0]]} | {first}: {shown}" if first else prompts[mine[idx[0]][0]])
+        save_captioned_grid(torch.cat(images_all), rows, captions, grid)
     return out
 
 

@@ -35,6 +35,65 @@ def save_grid(images: torch.Tensor, path: str | Path, ncol: int = 8) -> Path:
     return path
 
 
+def grid_selection(items: list[tuple[int, int]], max_images: int) -> list[list[int]]:
+    """Rows of indices into `items` ((prompt, sample) pairs): up to sqrt(max_images) samples per row, one row
+    per prompt, prompts spread evenly over the list, so a grid shows many prompts (never 16 samples of the
+    first prompt, which prompt-major order gave)."""
+    by_prompt: dict[int, list[int]] = {}
+    for k, (p, _) in enumerate(items):
+        by_prompt.setdefault(p, []).append(k)
+    prompts = sorted(by_prompt)
+    if not prompts or max_images < 1:
+        return []
+    most = max(len(v) for v in by_prompt.values())
+    ncol = max(1, min(most, math.isqrt(max_images)))
+    nrow = min(len(prompts), max(1, max_images // ncol))
+    picked = [prompts[round(r * (len(prompts) - 1) / max(nrow - 1, 1))] for r in range(nrow)]
+    return [by_prompt[p][:ncol] for p in dict.fromkeys(picked)]
+
+
+def save_captioned_grid(images: torch.Tensor, rows: list[list[int]], captions: list[str], path: str | Path,
+                        ) -> Path:
+    """One row per caption: `images[rows[r]]` (images (N, 3, H, W), or clips (N, T, 3, H, W) as frame strips)
+    after the row's caption (its prompt and scores). Clips are also written as an animated GIF beside the PNG
+    (`path` with .gif), one captioned frame per video frame."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    imgs = images.detach().float().clamp(0, 1).cpu()
+    video = imgs.ndim == 5
+    font = ImageFont.load_default()
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    text_w = min(420, max(int(measure.textlength(c, font=font)) for c in captions) + 8) if captions else 0
+    h, w = imgs.shape[-2:]
+    cell_h = max(h + 2, 14)
+
+    def canvas(frame: int | None) -> Image.Image:
+        """frame None: every frame of a clip side by side; else that frame of each clip."""
+        per_item = imgs.shape[1] if video and frame is None else 1
+        ncol = max(len(r) for r in rows) * per_item
+        out = Image.new("RGB", (text_w + ncol * (w + 2), len(rows) * cell_h), "white")
+        draw = ImageDraw.Draw(out)
+        for r, (idx, caption) in enumerate(zip(rows, captions)):
+            text = caption
+            while text and draw.textlength(text, font=font) > text_w - 8:
+                text = text[:-2] + "…"
+            draw.text((4, r * cell_h + max(0, (cell_h - 11) // 2)), text, fill="black", font=font)
+            for c, k in enumerate(idx):
+                tiles = imgs[k] if video and frame is None else (imgs[k, frame][None] if video else imgs[k][None])
+                for t, tile in enumerate(tiles):
+                    arr = (tile.permute(1, 2, 0).numpy() * 255).round().astype("uint8")
+                    out.paste(Image.fromarray(arr), (text_w + (c * per_item + t) * (w + 2) + 1, r * cell_h + 1))
+        return out
+
+    canvas(None).save(path)
+    if video:
+        frames = [canvas(t) for t in range(imgs.shape[1])]
+        frames[0].save(path.with_suffix(".gif"), save_all=True, append_images=frames[1:], duration=250, loop=0)
+    return path
+
+
 def trailing_mean(values: list[float], window: int) -> list[float]:
     """Mean of each value and up to window - 1 before it (NaNs skipped; NaN where the window has none)."""
     out = []
@@ -42,6 +101,31 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
         finite = [v for v in values[max(0, i - window + 1): i + 1] if v == v]
         out.append(sum(finite) / len(finite) if finite else float("nan"))
     return out
+
+
+# metrics logged under reward/ that are not rewards: the GRPO group statistics (fractions of groups or variance)
+REWARD_DIAGNOSTICS = ("reward/zero_std_groups", "reward/within_group_fraction")
+
+
+def is_reward_metric(key: str) -> bool:
+    """A training reward's mean (reward/<name>, reward/combined), not its std and not a group diagnostic."""
+    return key.startswith("reward/") and not key.endswith("_std") and key not in REWARD_DIAGNOSTICS
+
+
+def _merge_identical(history: list[dict[str, Any]], keys: list[str]) -> dict[str, tuple[list, list]]:
+    """label -> (iterations, values); series with identical points are one line labelled 'a = b' (with a single
+    reward of weight 1, reward/combined equals it, and one line would hide the other)."""
+    series: dict[str, tuple[list, list]] = {}
+    for k in keys:
+        pts = [(h["iteration"], h[k]) for h in history if k in h]
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        name = k.split("/", 1)[1]
+        same = next((label for label, v in series.items() if v == (xs, ys)), None)
+        if same is None:
+            series[name] = (xs, ys)
+        else:
+            series[f"{same} = {name}"] = series.pop(same)
+    return series
 
 
 def plot_curves(history: list[dict[str, Any]], path: str | Path) -> Path | None:
@@ -53,25 +137,48 @@ def plot_curves(history: list[dict[str, Any]], path: str | Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    fig = curve_figure(history)
+    if fig is None:
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    train_keys = sorted({k for h in history for k in h if k.startswith("reward/") and not k.endswith("_std")})
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def curve_figure(history: list[dict[str, Any]]) -> Any:
+    """The matplotlib figure of `plot_curves` (None when there is nothing to plot)."""
+    import matplotlib.pyplot as plt
+
+    train_keys = sorted({k for h in history for k in h if is_reward_metric(k)})
+    diag_keys = sorted({k for h in history for k in h if k in REWARD_DIAGNOSTICS})
     eval_keys = sorted({k for h in history for k in h if k.startswith("eval/") and not k.endswith("_se")})
     if not train_keys and not eval_keys:
         return None
     gold_keys = sorted({k for h in history for k in h if k.startswith("gold/") and not k.endswith("_se")})
-    fig, axes = plt.subplots(1, 3 if gold_keys else 2, figsize=(15 if gold_keys else 10, 3.6))
-    for k in train_keys:
-        pts = [(h["iteration"], h[k]) for h in history if k in h]
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    panels = 2 + bool(gold_keys) + bool(diag_keys)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
+    for label, (xs, ys) in _merge_identical(history, train_keys).items():
         window = max(5, len(ys) // 20)
         if len(ys) >= 4 * window:  # long noisy runs: the raw series faint, its running mean on top
             (line,) = axes[0].plot(xs, ys, alpha=0.25, linewidth=0.8)
             axes[0].plot(xs, trailing_mean(ys, window), color=line.get_color(),
-                         label=f"{k.split('/', 1)[1]} (mean of last {window})")
+                         label=f"{label} (mean of last {window})")
         else:
-            axes[0].plot(xs, ys, label=k.split("/", 1)[1])
+            axes[0].plot(xs, ys, label=label)
     axes[0].set_title("training reward")
-    axes[0].set_xlabel("iteration")
+    if diag_keys:  # fractions in [0, 1], not rewards: their own panel and scale
+        ax = axes[-1]
+        for label, (xs, ys) in _merge_identical(history, diag_keys).items():
+            ax.plot(xs, ys, label=label)
+        ax.set_title("group diagnostics (fractions)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole numbers
     for k in eval_keys:
         pts = [(h["iteration"], h[k], h.get(k + "_se", 0.0)) for h in history if k in h]
         axes[1].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
@@ -84,9 +191,7 @@ def plot_curves(history: list[dict[str, Any]], path: str | Path) -> Path | None:
         if ax.lines or ax.containers:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _plot_guard(ax: Any, history: list[dict[str, Any]], gold_keys: list[str]) -> None:

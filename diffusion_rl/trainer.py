@@ -269,8 +269,8 @@ class Trainer:
                 reporting.log_image(self.accelerator, "train/samples", grid, self.iteration)
             self.log({"iteration": self.iteration, **metrics})
             if hasattr(iters, "set_postfix"):
-                iters.set_postfix({k.split("/")[-1]: round(v, 4) for k, v in metrics.items() if k.startswith("reward/")
-                                   and not k.endswith("_std")})
+                iters.set_postfix({k.split("/")[-1]: round(v, 4) for k, v in metrics.items()
+                                   if reporting.is_reward_metric(k)})
             if cfg.log.save_every and self.iteration % cfg.log.save_every == 0:
                 self.save_checkpoint()
         if self.eval_prompts and last_eval != self.iteration and cfg.train.iterations > 0:
