@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,12 +44,14 @@ def check_launch_backend() -> None:
                           "configs/accelerate/ddp.yaml on CPU")
 
 
-def tracker_init_kwargs(log: LogConfig) -> dict[str, dict[str, Any]]:
+def tracker_init_kwargs(log: LogConfig, output_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Per-tracker keyword arguments for `Accelerator.init_trackers`: W&B takes the run name and tags (the
-    other trackers' constructors name runs differently, so they keep their own defaults)."""
+    other trackers' constructors name runs differently, so they keep their own defaults), and writes its
+    `wandb/` folder under the run's output folder, not the working directory."""
     if "wandb" not in log.all_trackers():
         return {}
-    return {"wandb": {"tags": list(log.tags), **({"name": log.run_name} if log.run_name else {})}}
+    return {"wandb": {"tags": list(log.tags), **({"name": log.run_name} if log.run_name else {}),
+                      **({"dir": str(output_dir)} if output_dir is not None else {})}}
 
 
 def make_accelerator(cfg: RunConfig) -> Any:

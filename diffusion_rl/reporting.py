@@ -259,11 +259,17 @@ def log_image(accelerator: Any, tag: str, png: Path, step: int) -> None:
             tracker.log_images({tag: [hwc]}, step=step)
 
 
-def open_trackers(accelerator: Any, cfg: Any) -> None:
-    """accelerate's trackers (`log_with=...`) for the run; a no-op on the other processes and without trackers."""
+def open_trackers(accelerator: Any, cfg: Any, output_dir: str | Path | None = None) -> None:
+    """accelerate's trackers (`log_with=...`) for the run, writing under `output_dir` (the run's folder, which
+    log.new_run_suffix may have moved from log.output_dir); a no-op on the other processes and without trackers."""
     from diffusion_rl.accelerator import flat_config, tracker_init_kwargs
 
-    accelerator.init_trackers(cfg.log.project, config=flat_config(cfg), init_kwargs=tracker_init_kwargs(cfg.log))
+    if output_dir is not None:  # TensorBoard's folder is the accelerator's logging_dir
+        conf = accelerator.project_configuration
+        conf.project_dir = conf.logging_dir = str(output_dir)
+        os.makedirs(output_dir, exist_ok=True)
+    accelerator.init_trackers(cfg.log.project, config=flat_config(cfg),
+                              init_kwargs=tracker_init_kwargs(cfg.log, output_dir))
 
 
 def close_trackers(accelerator: Any) -> None:

@@ -248,7 +248,7 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out_dir / "config.yaml")
             run_folder.write_run_file(self.out_dir, self.run_id, self.resumed_from)
-        reporting.open_trackers(self.accelerator, cfg)
+        reporting.open_trackers(self.accelerator, cfg, self.out_dir)
         if self.iteration == 0 and self.eval_prompts and cfg.log.eval_at_start:
             self.log({"iteration": 0, **self.evaluate("_start")})
         iters = self.guard.until_stopped(range(self.iteration, cfg.train.iterations))  # stop/rollback end it early

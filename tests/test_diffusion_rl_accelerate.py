@@ -120,6 +120,8 @@ def test_tracker_config_keys():
 
     log = from_dict({**MOCK, "log": {"trackers": ["wandb"], "run_name": "r1", "tags": ["sd3", "grpo"]}}).log
     assert tracker_init_kwargs(log) == {"wandb": {"name": "r1", "tags": ["sd3", "grpo"]}}
+    # W&B writes its wandb/ folder under the run's folder, not the working directory (issue 28 item 11)
+    assert tracker_init_kwargs(log, "runs/x")["wandb"]["dir"] == "runs/x"
     assert from_dict({**MOCK, "log": {"tensorboard": True, "trackers": ["tensorboard", "aim"]}}).log.all_trackers() == [
         "tensorboard", "aim"]
     from mmreward.errors import ConfigError

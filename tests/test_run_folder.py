@@ -72,6 +72,8 @@ def test_new_run_suffix_writes_beside_the_earlier_run(sd3, tmp_path):
     assert t.out_dir == tmp_path / "run-2"
     t.fit()
     assert (tmp_path / "run-2" / "metrics.jsonl").is_file() and len(_metrics(out)) == 1
+    # trackers (TensorBoard's logging_dir, W&B's dir) follow the folder the run really writes to
+    assert t.accelerator.project_configuration.logging_dir == str(tmp_path / "run-2")
     with pytest.raises(ConfigError, match="choose one"):
         from_dict(_cfg(sd3, out, new_run_suffix=True, overwrite=True))
 
