@@ -309,8 +309,9 @@ def sample_frame_indices(
     - by count, "center": the middle frame of each of num_frames equal segments.
     - by fps: every (source_fps / fps)-th frame, starting at 0.
     - by fps, "qwen-vl": Qwen-VL's video reader (qwen_vl_utils `smart_nframes`, used by VideoReward): the
-      clip's duration times `fps` frames, at least 4, at most 768 and the clip's own count, rounded down to
-      an even number, then spread uniformly like "uniform".
+      clip's duration times `fps` frames, at least 4, at most 768 and the clip's own count (both bounds
+      even), rounded to the nearest even number (Python's round, halves to even: 7.5 -> 8, 5.5 -> 6), at
+      most the clip's count, then spread uniformly like "uniform".
     """
     if total <= 0:
         raise MediaError("video has no frames")
@@ -324,16 +325,14 @@ def sample_frame_indices(
         if sampling == "qwen-vl-utils":
             # the released qwen_vl_utils (0.0.10 to 0.0.14, what VideoScore2 and t2v_metrics install):
             # smart_nframes floors the count to an even number (30 frames at 8 fps, 2 fps: 7.5 -> 6)
-            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2,
-                        total)
-            count = int(count // 2) * 2
+            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2)
+            count = min(round(count / 2) * 2, total)  # round_by_factor(nframes, FRAME_FACTOR=2)
             if count < 2:
                 return list(range(total))
             return np.linspace(0, total - 1, count).round().astype(int).tolist()
         if sampling == "qwen-vl":
-            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2,
-                        total)
-            count = int(count // 2) * 2
+            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2)
+            count = min(round(count / 2) * 2, total)  # round_by_factor(nframes, FRAME_FACTOR=2)
             if count < 2:  # a one-frame clip: Qwen-VL refuses it, a reward can still look at the frame
                 return list(range(total))
             return np.linspace(0, total - 1, count).round().astype(int).tolist()
