@@ -46,6 +46,7 @@ from diffusion_rl.policy import Policy
 from diffusion_rl.probe import Probe
 from diffusion_rl.rewards import load_run_rewards
 from diffusion_rl.rollout import RolloutBatch, Trajectory, rollout, step_log_prob
+from diffusion_rl.truncation_notice import TruncationNotice
 from mmreward.errors import ConfigError
 from mmreward.prompt_sources import score_with_metadata
 
@@ -84,6 +85,7 @@ class Trainer:
         check_sharded_evaluation(cfg, len(self.eval_prompts), self.policy.sharded, acc.num_processes)
         self.probe, self.guard = Probe(cfg.train), hacking_guard.HackingGuard(cfg, len(self.eval_prompts))
         self._embed_cache: dict[str, PromptEmbeds] = {}
+        self._truncation = TruncationNotice()  # one line per run, not one diffusers warning per prompt
         self.iteration = 0
         self.history: list[dict[str, Any]] = []
         self.last_images: torch.Tensor | None = None  # the last iteration's samples, for the grids
@@ -100,9 +102,10 @@ class Trainer:
         Each prompt is encoded on its own: a batched encoder's output depends in the last bits on the
         other rows of its batch, which would make a prompt's embedding depend on the iteration it was
         first seen in, and a resumed run (empty cache) differ from an uninterrupted one."""
-        for p in dict.fromkeys(prompts):
-            if p not in self._embed_cache:
-                self._embed_cache[p] = self.adapter.encode([p])
+        with self._truncation.collect():
+            for p in dict.fromkeys(prompts):
+                if p not in self._embed_cache:
+                    self._embed_cache[p] = self.adapter.encode([p])
         return PromptEmbeds.cat([self._embed_cache[p] for p in prompts])
 
     # ------------------------------------------------------------------------------------------
