@@ -308,10 +308,11 @@ def sample_frame_indices(
     - by count, "uniform": linspace(0, total - 1, num_frames) rounded (first and last frame kept).
     - by count, "center": the middle frame of each of num_frames equal segments.
     - by fps: every (source_fps / fps)-th frame, starting at 0.
-    - by fps, "qwen-vl": Qwen-VL's video reader (qwen_vl_utils `smart_nframes`, used by VideoReward): the
-      clip's duration times `fps` frames, at least 4, at most 768 and the clip's own count (both bounds
-      even), rounded to the nearest even number (Python's round, halves to even: 7.5 -> 8, 5.5 -> 6), at
-      most the clip's count, then spread uniformly like "uniform".
+    - by fps, "qwen-vl": VideoReward's vendored Qwen-VL video reader (KwaiVGI/VideoAlign vision_process.py
+      `smart_nframes`): the clip's duration times `fps` frames, at least 4, at most 768 and the clip's own
+      count (both bounds even), rounded to the nearest even number (Python's round, halves to even:
+      7.5 -> 8, 5.5 -> 6), then spread uniformly like "uniform".
+    - by fps, "qwen-vl-utils": the released qwen_vl_utils' rule, the same count floored to an even number.
     """
     if total <= 0:
         raise MediaError("video has no frames")
@@ -325,8 +326,9 @@ def sample_frame_indices(
         if sampling == "qwen-vl-utils":
             # the released qwen_vl_utils (0.0.10 to 0.0.14, what VideoScore2 and t2v_metrics install):
             # smart_nframes floors the count to an even number (30 frames at 8 fps, 2 fps: 7.5 -> 6)
-            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2)
-            count = min(round(count / 2) * 2, total)  # round_by_factor(nframes, FRAME_FACTOR=2)
+            count = min(max(total / source_fps * fps, QWEN_VL_MIN_FRAMES), (min(QWEN_VL_MAX_FRAMES, total) // 2) * 2,
+                        total)
+            count = int(count // 2) * 2
             if count < 2:
                 return list(range(total))
             return np.linspace(0, total - 1, count).round().astype(int).tolist()
