@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from diffusion_rl.config import from_dict
@@ -28,15 +30,27 @@ def test_truncations_are_reported_once_per_run(sd3, tmp_path, capfd):
         "log": {"output_dir": str(tmp_path / "run"), "progress": False},
     })
     trainer = Trainer(cfg)
-    capfd.readouterr()
-    trainer.embeds_for(prompts[:3])
-    trainer.embeds_for(prompts)
-    err = capfd.readouterr().err
-    assert trainer._truncation.count >= 5  # every prompt was truncated (T5 at 4 tokens, CLIP too)
-    assert err.count("was truncated") == 1 and err.count("note: prompts are truncated") == 1, err
 
-    # without the notice, diffusers prints one warning per prompt: what the run used to show
-    capfd.readouterr()
-    for p in prompts[:3]:
-        trainer.adapter.encode([p + " again"])
-    assert capfd.readouterr().err.count("was truncated") >= 3
+    class Shown(logging.Handler):  # what reaches the user: records that pass the handlers' filters
+        messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    shown = Shown()
+    logging.getLogger("diffusers").addHandler(shown)
+    try:
+        capfd.readouterr()
+        trainer.embeds_for(prompts[:3])
+        trainer.embeds_for(prompts)
+        err = capfd.readouterr().err
+        assert trainer._truncation.count >= 5  # every prompt was truncated (T5 at 4 tokens)
+        assert not [m for m in shown.messages if "was truncated" in m]
+        assert err.count("note: prompts are truncated") == 1, err
+        # without the notice, diffusers shows one warning per prompt: what the run used to print
+        for p in prompts[:3]:
+            trainer.adapter.encode([p + " again"])
+        assert len([m for m in shown.messages if "was truncated" in m]) >= 3
+    finally:
+        logging.getLogger("diffusers").removeHandler(shown)
+
