@@ -1,5 +1,6 @@
 """VQAScore, HPSv3 and VideoReward on tiny random Qwen2-VL / Qwen2.5-VL checkpoints written in the official
-layouts, each checked against a plain transformers pipeline written here."""
+layouts, each checked against a plain transformers pipeline written here (HPSv3's and VideoReward's scores
+against their originals' forward: tests/test_parity_qwen_heads.py)."""
 
 from __future__ import annotations
 
@@ -85,24 +86,11 @@ def _to_legacy(sd):
     return out
 
 
-def _hidden_at(vlm, proc, text, image, token):
-    from mmreward.models._qwen_vl import resize_for_qwen
-
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-    rendered = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    batch = proc(text=[rendered], images=[resize_for_qwen(image, 56 * 56, 56 * 56)], return_tensors="pt",
-                 images_kwargs={"do_rescale": False, "do_resize": False})
-    with torch.no_grad():
-        h = vlm.model(**batch).last_hidden_state[0]
-    pos = (batch["input_ids"][0] == proc.tokenizer.convert_tokens_to_ids(token)).nonzero().flatten()
-    return h[pos]
-
-
 def test_hpsv3_official_layout_and_reference(qwen2vl_dir, tmp_path):
     from safetensors.torch import save_file
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from mmreward.models.vlm_heads import HPSV3_INSTRUCTION, HPSV3_SUFFIX, hpsv3_head
+    from mmreward.models.vlm_heads import hpsv3_head
 
     proc = AutoProcessor.from_pretrained(qwen2vl_dir)
     proc.tokenizer.add_special_tokens({"additional_special_tokens": ["<|Reward|>"]})
@@ -119,11 +107,12 @@ def test_hpsv3_official_layout_and_reference(qwen2vl_dir, tmp_path):
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
     prompts = ["a cat", "a dog in the rain"]
     out = reward.score(prompts, images)
-    for i in range(2):
-        h = _hidden_at(vlm, proc, HPSV3_INSTRUCTION.format(text_prompt=prompts[i]) + HPSV3_SUFFIX, images[i], "<|Reward|>")
-        mu_sigma = head(h.float())[0]
-        torch.testing.assert_close(out.scores[i], mu_sigma[0], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(out.details["sigma"][i], mu_sigma[1], rtol=1e-4, atol=1e-5)
+    # the scores against HPSv3's own forward: tests/test_parity_qwen_heads.py; here, that the file's weights
+    # (backbone and head) are the ones scoring: the loaded head maps the loaded backbone's states to the output
+    states = reward.reward_token_states(prompts, images)[:, 0]
+    torch.testing.assert_close(torch.stack([out.scores, out.details["sigma"]], 1), head(states.float()),
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(reward.vlm.get_input_embeddings().weight, vlm.get_input_embeddings().weight)
 
     bad = dict(sd)
     bad.pop("rm_head.5.weight")
@@ -162,7 +151,7 @@ def test_videoreward_lora_layout_zscores_and_sum(qwen2vl_dir, tmp_path):
               str(step / "adapter_model.safetensors"))
 
     reward = mmreward.load("videoalign", checkpoint=str(tmp_path), min_pixels=28 * 28, max_pixels=56 * 56)
-    video = torch.rand(1, 4, 3, 56, 56, generator=g)
+    video = (torch.rand(1, 4, 3, 56, 56, generator=g) * 255).round() / 255  # 8-bit frames, at the card's size
     out = reward.score("a running horse", video)
 
     # plain reference: patch the weights by hand, run the model, read the three tokens
@@ -172,10 +161,15 @@ def test_videoreward_lora_layout_zscores_and_sum(qwen2vl_dir, tmp_path):
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text",
              "text": VIDEOALIGN_PROMPT.format(text_prompt="a running horse")}]}]
     rendered = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    batch = proc(text=[rendered], videos=[video[0]], return_tensors="pt",
-                 videos_kwargs={"do_rescale": False, "do_resize": False, "do_sample_frames": False})
-    with torch.no_grad():
-        h = vlm.model(**batch).last_hidden_state[0]
+    batch = proc(text=[rendered], videos=[(video[0] * 255).round()], return_tensors="pt",
+                 videos_kwargs={"do_rescale": True, "do_resize": False, "do_sample_frames": False})
+    with torch.no_grad():  # VideoReward's forward: visual features scattered in, sequential positions
+        embeds = vlm.get_input_embeddings()(batch["input_ids"])
+        feats = vlm.model.visual(batch["pixel_values_videos"], grid_thw=batch["video_grid_thw"])
+        feats = getattr(feats, "pooler_output", feats)
+        mask = (batch["input_ids"] == vlm.config.video_token_id)[..., None].expand_as(embeds)
+        embeds = embeds.masked_scatter(mask, feats)
+        h = vlm.model.language_model(inputs_embeds=embeds, attention_mask=batch["attention_mask"]).last_hidden_state[0]
     ids = proc.tokenizer.convert_tokens_to_ids(list(VIDEOALIGN_TOKENS))
     raw = torch.stack([h[batch["input_ids"][0] == t][0] @ head_w[k] for k, t in enumerate(ids)])
     mean = torch.tensor([0.1, -0.3, 0.0])

@@ -2,7 +2,11 @@
 
 - loading a VLM and its processor from a local folder or hub id, cache-first and offline-safe;
 - Qwen's `smart_resize` (sides multiples of 28, pixel count within [min_pixels, max_pixels]);
-- turning our media tensors plus chat messages into one padded processor batch;
+- turning our media tensors plus chat messages into one padded processor batch, resized the way each
+  original resizes (Pillow's 8-bit bicubic, torchvision's bicubic on uint8 tensors, or a float bicubic that
+  keeps gradients);
+- the plain sequential positions the reward-head originals (HPSv3, VideoReward, EditReward) run their
+  language model with, instead of Qwen's 3-D M-RoPE positions;
 - the legacy (transformers 4.x) <-> current key layouts of Qwen2-VL state dicts, because the official
   reward checkpoints (HPSv3, VideoReward) were saved with the 4.x names.
 """
@@ -13,7 +17,9 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -40,15 +46,94 @@ def smart_resize(height: int, width: int, min_pixels: int, max_pixels: int, fact
     return h, w
 
 
-def resize_for_qwen(x: torch.Tensor, min_pixels: int, max_pixels: int) -> torch.Tensor:
-    """Bicubic antialiased resize of (..., 3, H, W) in [0, 1] to Qwen's smart size, clamped to [0, 1]."""
+ResizeMethod = Literal["float", "pillow", "torchvision"]
+_PIL_PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed-point coefficients for 8-bit images (libImaging/Resample.c)
+
+
+def _pil_bicubic(x: float) -> float:
+    """Pillow's bicubic kernel (a = -0.5)."""
+    x = abs(x)
+    if x < 1.0:
+        return (1.5 * x - 2.5) * x * x + 1
+    if x < 2.0:
+        return (((x - 5) * x + 8) * x - 4) * -0.5
+    return 0.0
+
+
+@lru_cache(maxsize=64)
+def _pil_weights(in_size: int, out_size: int) -> torch.Tensor:
+    """(out, in) integer weights of Pillow's 8-bit bicubic resample along one axis (precompute_coeffs and
+    normalize_coeffs_8bpc): the antialiasing support widens with the downscale factor, each row is normalised
+    in double precision, then rounded to 22-bit fixed point."""
+    scale = in_size / out_size
+    filterscale = max(scale, 1.0)
+    support = 2.0 * filterscale
+    out = torch.zeros(out_size, in_size, dtype=torch.float64)
+    for xx in range(out_size):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)  # int() truncates toward zero, as C's cast does
+        xmax = min(int(center + support + 0.5), in_size)
+        taps = [_pil_bicubic((x + xmin - center + 0.5) / filterscale) for x in range(xmax - xmin)]
+        total = sum(taps)
+        for i, tap in enumerate(taps):
+            k = tap / total if total != 0.0 else tap
+            out[xx, xmin + i] = int(k * (1 << _PIL_PRECISION_BITS) + (0.5 if k >= 0 else -0.5))
+    return out
+
+
+def pillow_bicubic(x255: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Pillow's `Image.resize((width, height), BICUBIC)` on 8-bit values, batched: (..., H, W) floats holding
+    integers 0..255 -> the same integers Pillow returns.
+
+    Pillow resamples horizontally, rounds and clips to 8 bits, then vertically. The sums are integers below
+    2**53, so float64 matrix products are exact (on any device), and the result equals Pillow's bit for bit."""
+    h, w = x255.shape[-2:]
+    y = x255.to(torch.float64)
+    half, one = float(1 << (_PIL_PRECISION_BITS - 1)), float(1 << _PIL_PRECISION_BITS)
+    if width != w:
+        y = torch.floor((y @ _pil_weights(w, width).T.to(y.device) + half) / one).clamp(0, 255)
+    if height != h:
+        y = torch.floor((_pil_weights(h, height).to(y.device) @ y + half) / one).clamp(0, 255)
+    return y.to(torch.float32)
+
+
+def torchvision_bicubic_uint8(x255: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """torchvision's `transforms.functional.resize(uint8 tensor, BICUBIC, antialias=True)`: a float32 antialiased
+    bicubic on the 0..255 values, clamped, rounded back to integers (qwen_vl_utils' video path)."""
+    flat = x255.reshape(-1, *x255.shape[-3:]).float()
+    out = torch.nn.functional.interpolate(flat, size=(height, width), mode="bicubic", antialias=True,
+                                          align_corners=False)
+    return out.clamp(0, 255).round().reshape(*x255.shape[:-2], height, width)
+
+
+def to_uint8_values(x: torch.Tensor) -> torch.Tensor:
+    """[0, 1] floats -> the 8-bit values 0..255 (as floats) the originals' PIL images or uint8 tensors hold."""
+    return (x.float().clamp(0, 1) * 255).round()
+
+
+def resize_for_qwen(x: torch.Tensor, min_pixels: int, max_pixels: int, method: ResizeMethod = "float") -> torch.Tensor:
+    """(..., 3, H, W) to Qwen's smart size.
+
+    "float": antialiased bicubic on [0, 1] floats, clamped to [0, 1] (differentiable).
+    "pillow" / "torchvision": the originals' 8-bit resizes (`pillow_bicubic`, `torchvision_bicubic_uint8`) on the
+    image's 8-bit values; these return 0..255 values (for the processor to rescale, as the originals do) and are
+    not differentiable, so media that require grad take the "float" path (a documented deviation)."""
     h, w = x.shape[-2:]
     th, tw = smart_resize(h, w, min_pixels, max_pixels)
-    if (th, tw) == (h, w):
-        return x
-    flat = x.reshape(-1, *x.shape[-3:]).float()
-    out = torch.nn.functional.interpolate(flat, size=(th, tw), mode="bicubic", antialias=True, align_corners=False)
-    return out.clamp(0, 1).reshape(*x.shape[:-2], th, tw)
+    if method == "float" or x.requires_grad:
+        if (th, tw) == (h, w):
+            return x
+        flat = x.reshape(-1, *x.shape[-3:]).float()
+        out = torch.nn.functional.interpolate(flat, size=(th, tw), mode="bicubic", antialias=True, align_corners=False)
+        return out.clamp(0, 1).reshape(*x.shape[:-2], th, tw)
+    if method not in ("pillow", "torchvision"):
+        raise RewardInputError(f"resize method must be 'float', 'pillow' or 'torchvision', got {method!r}")
+    x255 = to_uint8_values(x)
+    if (th, tw) == (h, w):  # both originals skip the resample at the target size
+        return x255
+    if method == "pillow":
+        return pillow_bicubic(x255, th, tw)
+    return torchvision_bicubic_uint8(x255, th, tw)
 
 
 def local_or_hub(checkpoint: str | os.PathLike) -> tuple[str, bool]:
@@ -169,6 +254,7 @@ def build_batch(
     suffixes: Sequence[str] | None = None,
     media_per_item: int = 1,
     media_labels: Sequence[str] | None = None,
+    resize: ResizeMethod = "float",
 ):
     """One padded processor batch: item i is a user turn with its media, then `texts[i]`.
 
@@ -176,12 +262,17 @@ def build_batch(
     `media_per_item` > 1 the items are groups of consecutive media (pairwise judges). `suffixes[i]`
     is appended after the rendered prompt (teacher forcing of an answer). `media_labels[k]`, when given,
     is a text placed right before the k-th medium of every item (e.g. '<img1>: ', PaCo-Reward's layout).
+    `resize`: how media reach Qwen's smart size (see `resize_for_qwen`).
     """
     items = list(media) if media is not None else []
     n = len(texts)
     if media is not None and len(items) != n * media_per_item:
         raise RewardInputError(f"media: expected {n * media_per_item} items for {n} prompts, got {len(items)}")
-    resized = [resize_for_qwen(m, min_pixels, max_pixels) for m in items]
+    if any(m.requires_grad for m in items):
+        resize = "float"  # the differentiable path: the 8-bit resizes have no gradient
+    resized = [resize_for_qwen(m, min_pixels, max_pixels, resize) for m in items]
+    # 8-bit methods hand the processor 0..255 values and let it rescale, as the originals' processors do
+    rescale = resize != "float"
     if kind == "video":
         resized = [even_frames(v) for v in resized]
     conversations = []
@@ -206,10 +297,10 @@ def build_batch(
     floats = [m.float() for m in resized]
     if kind == "image" and floats:
         kwargs["images"] = floats
-        kwargs["images_kwargs"] = {"do_rescale": False, "do_resize": False}
+        kwargs["images_kwargs"] = {"do_rescale": rescale, "do_resize": False}
     elif kind == "video" and floats:
         kwargs["videos"] = floats
-        kwargs["videos_kwargs"] = {"do_rescale": False, "do_resize": False, "do_sample_frames": False}
+        kwargs["videos_kwargs"] = {"do_rescale": rescale, "do_resize": False, "do_sample_frames": False}
     return processor(**kwargs)
 
 
@@ -222,3 +313,16 @@ def model_inputs(batch, device: torch.device, dtype: torch.dtype) -> dict:
                 v = v.to(dtype)
         out[k] = v
     return out
+
+
+def sequential_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(3, B, L) plain positions 0, 1, 2, ... over each item's tokens, the same in all three M-RoPE rows.
+
+    HPSv3, VideoReward and EditReward embed the tokens, scatter the visual features and call the decoder with
+    `input_ids=None, position_ids=None`: every token, visual ones included, gets its index as position (4.45's
+    text model counts with arange; 4.57's `get_rope_index` without input_ids counts the attention mask). Passing
+    these explicitly keeps the model from switching on Qwen's 3-D M-RoPE positions, which the heads were not
+    trained with. Counting the mask makes left and right padding agree."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    pos = pos.clamp(min=0)
+    return pos.unsqueeze(0).expand(3, -1, -1)

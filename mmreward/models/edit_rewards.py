@@ -58,7 +58,7 @@ from mmreward.models._edit_prompts import (
     EDITSCORE_SC_RULE,
     EDITSCORE_TWO_IMAGE_EDIT_RULE,
 )
-from mmreward.models.vlm_heads import HPSV3_TOKEN, QwenVLHeadReward, hpsv3_head
+from mmreward.models.vlm_heads import HPSV3_TOKEN, QwenVLHeadReward, head_hidden_states, hpsv3_head
 from mmreward.types import Reward, RewardOutput
 
 EDITREWARD_TOKEN = HPSV3_TOKEN  # the same '<|Reward|>' token
@@ -103,9 +103,9 @@ class EditReward(QwenVLHeadReward):
 
         media = [m for pair in zip(sources, edited) for m in pair]  # source first, as the official messages
         batch = build_batch(self.processor, texts, media, kind="image", min_pixels=self.min_pixels,
-                            max_pixels=self.max_pixels, media_per_item=2)
+                            max_pixels=self.max_pixels, media_per_item=2, resize=self.resize_method)
         inputs = model_inputs(batch, self.device, self.dtype)
-        hidden = self.vlm.model(**inputs).last_hidden_state
+        hidden = head_hidden_states(self.vlm, inputs)  # sequential positions, as the original's forward
         mask = torch.isin(inputs["input_ids"], self.token_ids)
         counts = mask.sum(dim=1)
         if bool((counts != 1).any()):

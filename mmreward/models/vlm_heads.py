@@ -53,6 +53,9 @@ class QwenVLHeadReward(Reward):
     # Precision: the VLM may run in bf16 (as the originals do on GPU); the reward head reads its hidden
     # states in fp32, since its outputs are the scores (and HPSv3's mu/sigma).
     keep_fp32 = ("rm_head",)
+    # How media reach Qwen's smart size (`_qwen_vl.resize_for_qwen`): as the original's loader resizes. Media
+    # that require grad (the differentiable path) always take the float bicubic.
+    resize_method = "pillow"
 
     def __init__(self, vlm, processor, rm_head: nn.Module, token_ids: list[int], *, min_pixels: int,
                  max_pixels: int, micro_batch_size: int = 4) -> None:
@@ -74,9 +77,10 @@ class QwenVLHeadReward(Reward):
         from mmreward.models._qwen_vl import build_batch, model_inputs
 
         batch = build_batch(self.processor, [self._prompt(p) for p in prompts], self._prepare_media(media),
-                            kind=self.media_kind, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+                            kind=self.media_kind, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                            resize=self.resize_method)
         inputs = model_inputs(batch, self.device, self.dtype)
-        hidden = self.vlm.model(**inputs).last_hidden_state
+        hidden = head_hidden_states(self.vlm, inputs)
         mask = torch.isin(inputs["input_ids"], self.token_ids)
         n_tok = self.token_ids.numel()
         counts = mask.sum(dim=1)
@@ -86,6 +90,15 @@ class QwenVLHeadReward(Reward):
                 f"{counts.tolist()}; a prompt containing a reward token's text breaks the head"
             )
         return hidden[mask].view(len(prompts), n_tok, -1)
+
+
+def head_hidden_states(vlm, inputs: dict) -> torch.Tensor:
+    """(B, L, hidden) last hidden states as the reward-head originals compute them: visual features scattered
+    into the token embeddings, then the decoder over plain sequential positions (`sequential_position_ids`),
+    not Qwen's 3-D M-RoPE ones, which `vlm.model(**inputs)` would switch on."""
+    from mmreward.models._qwen_vl import sequential_position_ids
+
+    return vlm.model(**inputs, position_ids=sequential_position_ids(inputs["attention_mask"])).last_hidden_state
 
 
 class HPSv3(QwenVLHeadReward):
@@ -105,6 +118,9 @@ class VideoAlign(QwenVLHeadReward):
     name = "videoalign"
     modalities = ("video",)
     media_kind = "video"
+    resize_method = "torchvision"  # VideoReward's vision_process.fetch_video resizes uint8 frame tensors
+    # VideoReward's linear head runs in the model's dtype (bf16 on GPU), not in fp32 as HPSv3's does
+    keep_fp32 = ()
 
     def __init__(self, *args, stats: dict[str, float] | None = None, num_frames: int | None = None,
                  dimension_weights: dict[str, float] | None = None, **kwargs) -> None:
@@ -133,7 +149,7 @@ class VideoAlign(QwenVLHeadReward):
 
     def _score(self, prompts, media):
         states = self.reward_token_states(prompts, media)  # (B, 3, H)
-        raw = self.rm_head(states.float())  # (B, 3, output_dim)
+        raw = self.rm_head(states.to(self.rm_head.weight.dtype)).float()  # (B, 3, output_dim)
         raw = raw.diagonal(dim1=1, dim2=2) if raw.shape[-1] == 3 else raw[..., 0]
         z = (raw - self.stat_mean.float()) / self.stat_std.float()
         details = {d: z[:, i] for i, d in enumerate(VIDEOALIGN_DIMS)}
