@@ -12,7 +12,11 @@ use_special_tokens, reward_token 'special'):
 - head_0 reads the prompt 'instruction following' (INSTRUCTION_EDIT_FOLLOWING), head_1 the prompt 'visual
   quality' (INSTRUCTION_EDIT_QUALITY), each followed by the reward-token suffix; one user turn holding the
   source image, the edited image, then the text, through the chat template with the generation prompt;
-- both images are resized to exactly 256*28*28 pixels (min_pixels = max_pixels, Qwen smart_resize);
+- both images are resized to exactly 256*28*28 pixels (min_pixels = max_pixels, Qwen smart_resize) with
+  Pillow's 8-bit bicubic (bit-exact, batched; media that require grad take a float bicubic instead, the one
+  deliberate deviation);
+- the decoder runs over plain sequential positions, as `_run_single_batch_through_model_and_head` calls it
+  with input_ids=None and no position ids (not Qwen's 3-D M-RoPE positions);
 - the pooled output is the mean of the two heads' (mu, second output); the score is its mu (the README's
   `rewards[i][0]`). Details: each head's mu and the pooled second output ('uncertainty').
 - weights: one full state dict `model.safetensors` (the VLM with the resized embeddings, and

@@ -12,6 +12,14 @@ Both read the language model's last hidden state at special reward tokens placed
   overall score is their sum. Official layout (KwaiVGI/VideoReward): `model_config.json` and
   `checkpoint-<step>/` holding either `model.pth` or `adapter_model.safetensors` (LoRA) plus
   `non_lora_state_dict.pth`; LoRA weights are merged into the base weights at load time.
+
+As the originals' forward (MizzenAI/HPSv3 `Qwen2VLRewardModelBT.forward`, KwaiVGI/VideoAlign trainer.py), the
+decoder runs over plain sequential positions (`head_hidden_states`), not Qwen's 3-D M-RoPE positions. Media are
+resized as the originals' loaders resize them: HPSv3 with Pillow's 8-bit bicubic (bit-exact, batched), VideoReward
+frames with torchvision's bicubic on uint8 tensors, sampled at 2 fps with its vendored `smart_nframes` (count
+rounded to the nearest even number). Checked against transcribed forwards in tests/test_parity_qwen_heads.py.
+Deviation, on purpose: media that require grad (the differentiable path) are resized with a float bicubic
+(`_qwen_vl.resize_for_qwen(method="float")`), since the 8-bit resizes have no gradient.
 """
 
 from __future__ import annotations
