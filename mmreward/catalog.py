@@ -398,8 +398,9 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         default_checkpoint="MizzenAI/HPSv3",
         requires=("transformers",),
         score_range="unbounded; about 0-15 on generated images (higher is better)",
-        preprocess="Qwen smart_resize to exactly 256*28*28 pixels (bicubic), Qwen2-VL processor normalisation, "
-        "HPSv3 instruction + '<|Reward|>' prompt",
+        preprocess="Qwen smart_resize to exactly 256*28*28 pixels with Pillow's 8-bit bicubic (the differentiable "
+        "path: float bicubic), Qwen2-VL processor normalisation, HPSv3 instruction + '<|Reward|>' prompt, "
+        "sequential positions as the original's forward",
         tiny_options={"tiny": True},
         card_options=_values("min_pixels", "max_pixels"),
     ),
@@ -412,8 +413,10 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         default_checkpoint="KwaiVGI/VideoReward",
         requires=("transformers",),
         score_range="sum of three z-scores; about -6 to 6",
-        preprocess="frames as given (or num_frames uniform samples), Qwen smart_resize with max_frame_pixels, "
-        "'detailed_special' prompt with three reward tokens",
+        preprocess="files and clips with a frame rate: 2 fps by VideoReward's smart_nframes (even count, rounded); "
+        "frames as given otherwise (or num_frames uniform samples); Qwen smart_resize with max_frame_pixels by "
+        "torchvision's uint8 bicubic (the differentiable path: float bicubic); 'detailed_special' prompt with "
+        "three reward tokens, sequential positions as the original's forward",
         tiny_options={"tiny": True},
         card_options=_values("min_pixels", "max_pixels", "num_frames", "dimension_weights"),
     ),
@@ -485,8 +488,9 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         modalities=("image",),
         requires=("transformers",),
         score_range="unbounded head output (mu of a Gaussian score); about -5 to 5",
-        preprocess="source then edited image, each resized to exactly 256*28*28 pixels; EditReward's two "
-        "instruction prompts + '<|Reward|>' suffix; chat template with generation prompt",
+        preprocess="source then edited image, each resized to exactly 256*28*28 pixels with Pillow's 8-bit "
+        "bicubic (the differentiable path: float bicubic); EditReward's two instruction prompts + '<|Reward|>' "
+        "suffix; chat template with generation prompt; sequential positions as the original's forward",
         tiny_options={"tiny": True},
         card_options=_values("min_pixels", "max_pixels"),
     ),
