@@ -8,7 +8,11 @@ answer is one dict of named scores per input, "overall" being the training rewar
 passed, so each ground_truth carries a media reference (`media_ref(path)`, see media_refs).
 
 reward_function_kwargs choose the reward ({reward: clipscore, checkpoint: ..., device: ..., scale:,
-shift:, batch_size:, options: {...}}); other keyword arguments are accepted and ignored.
+shift:, batch_size:, failure_value:, options: {...}}); other keyword arguments are accepted and ignored.
+An input whose medium cannot be read or scored gets `failure_value` (default 0.0, a finite number
+as EasyR1's reward tensors need) in every score; the reason is logged and counted in
+`vlm_rm.adapters.scoring.failure_counts`. An input without a string "response" or a media
+reference is a RewardInputError.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from typing import Any
 
 from mmreward.errors import RewardInputError
 from vlm_rm.adapters.media_refs import find_media
-from vlm_rm.adapters.scoring import score_pairs
-from vlm_rm.adapters.verl import reward_from_kwargs
+from vlm_rm.adapters.scoring import check_failure_value, finite_number, score_pairs
+from vlm_rm.adapters.verl import DEFAULT_FAILURE_VALUE, reward_from_kwargs
 
 
 def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, key: str | None = None,
-                       batch_size: int | None = None):
+                       batch_size: int | None = None, failure_value: float = DEFAULT_FAILURE_VALUE):
     """A compute_score bound to a loaded reward; `key` names the score next to "overall"."""
     key = key or getattr(reward, "name", "reward")
+    scale, shift = finite_number(scale, "scale", "EasyR1 reward"), finite_number(shift, "shift", "EasyR1 reward")
+    failure_value = check_failure_value(failure_value, "EasyR1 reward", allow_none=False)
 
     def compute(reward_inputs: Any, **_: Any) -> Any:
         if isinstance(reward_inputs, dict):  # reward_type=sequential: one input, one score dict
@@ -36,6 +42,10 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, k
             )
         media = []
         for i, item in enumerate(reward_inputs):
+            if not isinstance(item.get("response"), str):
+                got = "no 'response'" if "response" not in item else f"'response' of type {type(item['response']).__name__}"
+                raise RewardInputError(f"EasyR1 reward input {i} has {got}; each input needs the decoded response "
+                                       "text under 'response' (keys given: " + ", ".join(sorted(map(str, item))) + ")")
             found = find_media(item.get("ground_truth"), item.get("extra_info"), item.get("multi_modal_data"))
             if found is None:
                 raise RewardInputError(
@@ -44,8 +54,9 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, k
                 )
             media.append(found[0])
         values = score_pairs(reward, [it["response"] for it in reward_inputs], media, scale=scale, shift=shift,
-                             batch_size=batch_size)
-        return [{"overall": 0.0 if v is None else v, key: 0.0 if v is None else v} for v in values]
+                             batch_size=batch_size, failure_value=failure_value)
+        values = [failure_value if v is None else v for v in values]
+        return [{"overall": v, key: v} for v in values]
 
     return compute
 
@@ -53,4 +64,5 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, k
 def compute_score(reward_inputs: Any, **reward_kwargs: Any) -> Any:
     """EasyR1 entry point (batch or sequential); reward_kwargs choose the reward, other kwargs are ignored."""
     cfg = reward_from_kwargs(reward_kwargs, trainer="EasyR1")
-    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch_size=cfg.batch_size)(reward_inputs)
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch_size=cfg.batch_size,
+                              failure_value=cfg.failure_value)(reward_inputs)

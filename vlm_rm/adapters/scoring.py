@@ -1,18 +1,84 @@
-"""Shared core of the trainer adapters: turn (text, media) pairs into reward values, per-item failures as None."""
+"""Shared core of the trainer adapters: turn (text, media) pairs into reward values.
+
+Per-sample failures (an unreadable or truncated image, a reward error on that item, a NaN score)
+cost only that sample: it gets the adapter's `failure_value`, the reason is logged as a warning
+and counted in `failure_counts` (keyed by reason). Usage errors (mismatched lengths, a bad scale,
+a template naming an unknown field) are typed errors raised at construction or call.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import string
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from mmreward.errors import ConfigError, MMRewardError
+from mmreward.errors import ConfigError, MediaError, MMRewardError
 
 logger = logging.getLogger(__name__)
 
 TEXT_MODES = ("completion", "prompt+completion", "prompt")
+TEMPLATE_FIELDS = ("prompt", "completion")
+# errors charged to the one sample that raised them: our typed errors, and OSError, which PIL raises
+# for corrupt or truncated image data; anything else (a bug, CUDA out of memory) still stops the run
+ITEM_ERRORS: tuple[type[BaseException], ...] = (MMRewardError, OSError)
+# how many samples got the failure value since the process started, per reason
+failure_counts: Counter[str] = Counter()
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    """Stands in for a sample's medium when preparing it failed; the sample gets the failure value."""
+
+    reason: str
+
+
+def record_failure(kind: str, index: int, reason: str) -> None:
+    failure_counts[kind] += 1
+    logger.warning("reward sample %d gets the failure value (%s: %s)", index, kind, reason)
+
+
+def finite_number(value: Any, name: str, where: str) -> float:
+    """`value` as a finite float, or a ConfigError naming the option (NaN would poison every reward)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: {name} must be a number, got {value!r}")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise ConfigError(f"{where}: {name} must be finite, got {value!r}")
+    return out
+
+
+def check_failure_value(value: Any, where: str, allow_none: bool) -> float | None:
+    """A failure value the trainer tolerates: None or a float (NaN allowed) for trl, a finite float otherwise."""
+    if value is None and allow_none:
+        return None
+    if allow_none:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: failure_value must be None or a number, got {value!r}")
+        return float(value)
+    return finite_number(value, "failure_value", where + " (the trainer needs a finite number for every sample)")
+
+
+def check_template(template: str | None) -> None:
+    """A template may use only {prompt} and {completion}; anything else is a ConfigError now, not a KeyError later."""
+    if template is None:
+        return
+    if not isinstance(template, str):
+        raise ConfigError(f"template: expected a string with {{prompt}} and/or {{completion}}, got {type(template).__name__}")
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(f"template {template!r} is not a format string ({exc}); write braces as {{{{ and }}}}") from None
+    bad = [f for f in fields if f not in TEMPLATE_FIELDS]
+    if bad:
+        raise ConfigError(f"template {template!r} names {bad}; it may use only {{prompt}} and {{completion}} "
+                          "(write a literal brace as {{ or }})")
 
 
 def message_text(value: Any) -> str:
@@ -30,7 +96,11 @@ def message_text(value: Any) -> str:
 
 
 def first_image(value: Any) -> Any:
-    """A dataset image cell (PIL image, path, HF {'bytes','path'} dict, array, or a list of these) -> one medium."""
+    """A dataset image cell (PIL image, path, HF {'bytes','path'} dict, array, or a list of these) -> one medium.
+
+    Inline bytes are decoded here, completely (`load()`), so corrupt or truncated data is this
+    sample's MediaError rather than a failure of the whole batch later.
+    """
     if isinstance(value, (list, tuple)):
         return first_image(value[0]) if value else None
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
@@ -39,9 +109,25 @@ def first_image(value: Any) -> Any:
 
             from PIL import Image
 
-            return Image.open(io.BytesIO(value["bytes"]))
+            try:
+                image = Image.open(io.BytesIO(value["bytes"]))
+                image.load()
+            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises SyntaxError for some broken headers
+                raise MediaError(f"inline image bytes cannot be decoded ({type(exc).__name__}: {exc})") from exc
+            return image
         return value.get("path")
     return value
+
+
+def prepare_media(values: Sequence[Any]) -> list[Any]:
+    """first_image per sample; a sample whose cell cannot be decoded becomes an ItemFailure."""
+    out: list[Any] = []
+    for value in values:
+        try:
+            out.append(first_image(value))
+        except MediaError as exc:
+            out.append(ItemFailure(str(exc)))
+    return out
 
 
 def score_pairs(
@@ -52,30 +138,47 @@ def score_pairs(
     scale: float = 1.0,
     shift: float = 0.0,
     batch_size: int | None = None,
+    failure_value: float | None = None,
 ) -> list[float | None]:
-    """scale * reward(text_i, media_i) + shift for each pair; None where media is missing or scoring fails.
+    """scale * reward(text_i, media_i) + shift for each pair.
 
-    Items are scored in batches; a failing batch is retried item by item so one bad image only
-    costs that item (it gets None, which trainers read as "no reward from this function").
+    None where the medium is None (no medium: the reward does not apply); `failure_value` where
+    the medium is an ItemFailure, scoring that item fails, or the score is not finite. Items are
+    scored in batches; a failing batch is retried item by item so one bad image costs only its item.
     """
+    from mmreward.errors import RewardInputError
+
+    if len(texts) != len(media):
+        raise RewardInputError(f"got {len(texts)} texts but {len(media)} media; pass one medium (or None) per text")
     out: list[float | None] = [None] * len(texts)
-    todo = [i for i, m in enumerate(media) if m is not None]
+    for i, m in enumerate(media):
+        if isinstance(m, ItemFailure):
+            record_failure("unreadable media", i, m.reason)
+            out[i] = failure_value
+    todo = [i for i, m in enumerate(media) if m is not None and not isinstance(m, ItemFailure)]
     step = batch_size or max(len(todo), 1)
     for start in range(0, len(todo), step):
         idx = todo[start : start + step]
+        scores: list[float | None]
         try:
-            scores = reward.score([texts[i] for i in idx], [media[i] for i in idx]).scores.tolist()
-        except MMRewardError as exc:
+            scores = [float(s) for s in reward.score([texts[i] for i in idx], [media[i] for i in idx]).scores.tolist()]
+        except ITEM_ERRORS as exc:
             logger.warning("reward batch failed (%s); scoring its %d items one by one", exc, len(idx))
             scores = []
             for i in idx:
                 try:
-                    scores.append(reward.score([texts[i]], [media[i]]).scores.item())
-                except MMRewardError as item_exc:
-                    logger.warning("reward failed for item %d: %s", i, item_exc)
-                    scores.append(float("nan"))
+                    scores.append(float(reward.score([texts[i]], [media[i]]).scores.item()))
+                except ITEM_ERRORS as item_exc:
+                    record_failure("reward error", i, f"{type(item_exc).__name__}: {item_exc}")
+                    scores.append(None)
         for i, s in zip(idx, scores):
-            out[i] = None if not np.isfinite(s) else float(scale * s + shift)
+            if s is None:
+                out[i] = failure_value
+            elif not math.isfinite(s):
+                record_failure("non-finite score", i, f"the reward returned {s}")
+                out[i] = failure_value
+            else:
+                out[i] = float(scale * s + shift)
     return out
 
 

@@ -12,11 +12,14 @@ verl calls the function named by `custom_reward_function.name` with keyword argu
 
 Every entry point also receives `custom_reward_function.reward_kwargs`, which choose the reward:
 {reward: clipscore, checkpoint: ..., device: cuda, dtype: float16, weights: pretrained, scale: 1.0,
-shift: 0.0, batch_size: 64, options: {<loader options>}}. Any other keyword argument (verl adds new
+shift: 0.0, batch_size: 64, failure_value: 0.0, options: {<loader options>}}. Any other keyword argument (verl adds new
 ones between releases) is accepted and ignored. The reward is loaded once per worker process.
 
 verl's reward workers never see the images, so each sample carries a media reference in extra_info
-or ground_truth (see media_refs). A sample whose medium cannot be scored gets 0.0.
+or ground_truth (see media_refs). A sample whose medium cannot be read or scored (or whose score is
+NaN) gets `failure_value` (default 0.0: verl needs a finite number for every sample); the reason is
+logged and counted in `vlm_rm.adapters.scoring.failure_counts`. A sample without a media reference,
+mismatched batch lengths and a non-finite scale/shift/failure_value are typed errors.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from typing import Any
 
 from mmreward.errors import ConfigError, RewardInputError
 from vlm_rm.adapters.media_refs import find_media
-from vlm_rm.adapters.scoring import score_pairs
+from vlm_rm.adapters.scoring import check_failure_value, finite_number, score_pairs
 
 logger = logging.getLogger(__name__)
 
 # The keys of custom_reward_function.reward_kwargs that this adapter reads.
-CONFIG_KEYS = frozenset({"reward", "checkpoint", "device", "dtype", "weights", "scale", "shift", "batch_size", "options"})
+CONFIG_KEYS = frozenset({"reward", "checkpoint", "device", "dtype", "weights", "scale", "shift", "batch_size",
+                         "failure_value", "options"})
+DEFAULT_FAILURE_VALUE = 0.0
 # What verl's reward managers pass on their own; never meant for us, so ignored without a warning.
 VERL_RUNTIME_KWARGS = frozenset({
     "reward_router_address", "reward_model_tokenizer", "reward_model", "strict_box_verify", "return_dict",
@@ -60,8 +65,10 @@ def _cached_reward(name: str, checkpoint: str | None, device: str | None, dtype:
 class RewardConfig:
     """The reward a trainer's kwargs choose, plus how its values are shaped and batched."""
 
-    def __init__(self, reward: Any, scale: float, shift: float, batch_size: int | None, key: tuple) -> None:
+    def __init__(self, reward: Any, scale: float, shift: float, batch_size: int | None, key: tuple,
+                 failure_value: float = DEFAULT_FAILURE_VALUE) -> None:
         self.reward, self.scale, self.shift, self.batch_size, self.key = reward, scale, shift, batch_size, key
+        self.failure_value = failure_value
 
 
 def split_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> dict[str, Any]:
@@ -88,12 +95,13 @@ def reward_from_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> RewardC
     except TypeError as exc:
         raise ConfigError(f"{trainer} reward kwargs: options must hold plain values (str, number, bool, "
                           f"list, dict): {exc}") from exc
+    where = f"{trainer} reward kwargs"
+    scale, shift = finite_number(opts.get("scale", 1.0), "scale", where), finite_number(opts.get("shift", 0.0), "shift", where)
+    failure_value = check_failure_value(opts.get("failure_value", DEFAULT_FAILURE_VALUE), where, allow_none=False)
     try:
-        scale, shift = float(opts.get("scale", 1.0)), float(opts.get("shift", 0.0))
         batch_size = None if opts.get("batch_size") is None else int(opts["batch_size"])
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{trainer} reward kwargs: scale and shift must be numbers and batch_size an "
-                          f"integer: {exc}") from exc
+        raise ConfigError(f"{trainer} reward kwargs: batch_size must be an integer: {exc}") from exc
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"{trainer} reward kwargs: batch_size must be >= 1, got {batch_size}")
     checkpoint, device, dtype = (None if opts.get(k) is None else str(opts[k]) for k in ("checkpoint", "device", "dtype"))
@@ -101,7 +109,7 @@ def reward_from_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> RewardC
            options_json)
     with _load_lock:
         reward = _cached_reward(*key)
-    return RewardConfig(reward, scale, shift, batch_size, key + (scale, shift, batch_size))
+    return RewardConfig(reward, scale, shift, batch_size, key + (scale, shift, batch_size, failure_value), failure_value)
 
 
 def _sample_media(data_source: Any, ground_truth: Any, extra_info: Any) -> str:
@@ -114,18 +122,22 @@ def _sample_media(data_source: Any, ground_truth: Any, extra_info: Any) -> str:
     return found[0]
 
 
-def _values(values: Sequence[float | None]) -> list[float]:
-    # verl needs a number for every sample; a failed item scores 0 rather than stopping the run
-    return [0.0 if v is None else v for v in values]
+def _values(values: Sequence[float | None], failure_value: float) -> list[float]:
+    # verl needs a number for every sample (media are never None here, so None cannot come back)
+    return [failure_value if v is None else v for v in values]
 
 
 def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, batch: bool = False,
-                       batch_size: int | None = None):
+                       batch_size: int | None = None, failure_value: float = DEFAULT_FAILURE_VALUE):
     """A verl compute_score (per-sample, or batched with batch=True) bound to a loaded reward."""
+    where = "verl compute_score"
+    scale, shift = finite_number(scale, "scale", where), finite_number(shift, "shift", where)
+    failure_value = check_failure_value(failure_value, where, allow_none=False)
 
     def one(data_source, solution_str, ground_truth, extra_info=None, **_: Any) -> float:
         media = _sample_media(data_source, ground_truth, extra_info)
-        return _values(score_pairs(reward, [solution_str], [media], scale=scale, shift=shift))[0]
+        return _values(score_pairs(reward, [solution_str], [media], scale=scale, shift=shift,
+                                   failure_value=failure_value), failure_value)[0]
 
     def many(data_sources, solution_strs, ground_truths, extra_infos=None, **_: Any) -> list[float]:
         n = len(solution_strs)
@@ -137,7 +149,7 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, b
             )
         media = [_sample_media(s, g, i) for s, g, i in zip(data_sources, ground_truths, extra_infos)]
         return _values(score_pairs(reward, list(solution_strs), media, scale=scale, shift=shift,
-                                   batch_size=batch_size))
+                                   batch_size=batch_size, failure_value=failure_value), failure_value)
 
     return many if batch else one
 
@@ -145,7 +157,7 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, b
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> float:
     """verl entry point (per sample); reward kwargs choose the reward, verl's own kwargs are ignored."""
     cfg = reward_from_kwargs(kwargs)
-    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift)(
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, failure_value=cfg.failure_value)(
         data_source, solution_str, ground_truth, extra_info
     )
 
@@ -153,7 +165,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs: Any) -> list[float]:
     """verl entry point for reward_manager=batch: one reward call per batch_size samples."""
     cfg = reward_from_kwargs(kwargs)
-    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch=True, batch_size=cfg.batch_size)(
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch=True, batch_size=cfg.batch_size,
+                              failure_value=cfg.failure_value)(
         data_sources, solution_strs, ground_truths, extra_infos
     )
 
@@ -187,14 +200,14 @@ class _MicroBatcher:
                 try:
                     values = await asyncio.to_thread(
                         score_pairs, self.cfg.reward, [t for t, _, _ in batch], [m for _, m, _ in batch],
-                        scale=self.cfg.scale, shift=self.cfg.shift,
+                        scale=self.cfg.scale, shift=self.cfg.shift, failure_value=self.cfg.failure_value,
                     )
                 except Exception as exc:  # handed to every waiting sample, not swallowed
                     for _, _, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
-                for (_, _, fut), value in zip(batch, _values(values)):
+                for (_, _, fut), value in zip(batch, _values(values, self.cfg.failure_value)):
                     if not fut.done():
                         fut.set_result(value)
         finally:
