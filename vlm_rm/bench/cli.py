@@ -143,6 +143,15 @@ def run(args: argparse.Namespace) -> int:
                             progress=not args.quiet, run_info=info, **kwargs)
     print(json.dumps({k: v.to_json() for k, v in results.metrics.items()}, indent=2))
     print(f"results card: {args.out}/results.md")
+    n_failed = results.counts.get("failed_items", 0)
+    if n_failed:
+        import sys
+
+        # like `mmreward score`: the run finished, but some items are missing from the metrics
+        print(f"vlm-rm bench: {n_failed} of {results.counts['items_total']} items failed and are excluded from the "
+              f"metrics; see the 'error' field of their lines in {args.out}/run.jsonl (a rerun retries them)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
