@@ -171,6 +171,16 @@ def build_pipeline(family: str, real: bool, device: torch.device, dtype: torch.d
     if not (tok_dir / "vocab.json").exists():
         build_clip_tokenizer(tok_dir)
     torch.manual_seed(0)
+    # schedulers outside _building: their tables stay on the CPU, as from_pretrained leaves them
+    if family == "flux":
+        sched = diffusers.FlowMatchEulerDiscreteScheduler(
+            shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+            max_image_seq_len=4096)
+    elif family == "sdxl":  # DDIM: the kernel DDPO-style RL samples SDXL with (the published config ships Euler)
+        sched = diffusers.DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                        clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    else:
+        sched = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
     with _building(device, dtype):
         if family in ("sd3", "flux") and not real:
             pipe = build_tiny_pipeline(family, tok_dir)
@@ -179,15 +189,11 @@ def build_pipeline(family: str, real: bool, device: torch.device, dtype: torch.d
             t5, t5_tok = _t5(real, 4096, tmp / "t5")
             pipe = diffusers.StableDiffusion3Pipeline(
                 transformer=diffusers.SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER),
-                scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
-                vae=diffusers.AutoencoderKL(**VAES["sd3"]), text_encoder=clip_l, tokenizer=tok,
+                scheduler=sched, vae=diffusers.AutoencoderKL(**VAES["sd3"]), text_encoder=clip_l, tokenizer=tok,
                 text_encoder_2=clip_g, tokenizer_2=tok, text_encoder_3=t5, tokenizer_3=t5_tok)
         elif family == "flux":
             (clip_l,), tok = _text_encoders(real, tok_dir, [(768, None)])
             t5, t5_tok = _t5(real, 4096, tmp / "t5")
-            sched = diffusers.FlowMatchEulerDiscreteScheduler(
-                shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
-                max_image_seq_len=4096)
             pipe = diffusers.FluxPipeline(
                 transformer=diffusers.FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER), scheduler=sched,
                 vae=diffusers.AutoencoderKL(**VAES["flux"]), text_encoder=clip_l, tokenizer=tok,
@@ -208,9 +214,6 @@ def build_pipeline(family: str, real: bool, device: torch.device, dtype: torch.d
                     block_out_channels=(4, 8), in_channels=3, out_channels=3, latent_channels=4,
                     down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
                     layers_per_block=1, norm_num_groups=2, sample_size=16)
-            # DDIM: the kernel DDPO-style RL samples SDXL with (the published config ships Euler)
-            sched = diffusers.DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                            clip_sample=False, set_alpha_to_one=False, steps_offset=1)
             pipe = diffusers.StableDiffusionXLPipeline(
                 vae=vae, text_encoder=clip_l, tokenizer=tok, text_encoder_2=clip_g, tokenizer_2=tok, unet=unet,
                 scheduler=sched)
@@ -243,7 +246,9 @@ def _measure(fn: Callable[[], object], args: argparse.Namespace) -> tuple[float,
     return timed(fn, args.repeats, args.device), peak_memory_mb(fn, args.device)
 
 
-def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path,
+                   rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The three rows of one pipeline family, appended to `rows` as each is measured (a later failure keeps them)."""
     from diffusion_rl.config import from_dict
     from diffusion_rl.kernels import Kernel
     from diffusion_rl.pipelines import make_adapter
@@ -254,7 +259,7 @@ def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path) -> li
     adapter = make_adapter(pipe, size, size)
     emb = adapter.encode(["a photo of a red circle above a blue square"]).expand(n)
     kernel = Kernel("flow_sde", 0.7) if adapter.is_flow else Kernel("ddim", 1.0)
-    rows = []
+    rows = [] if rows is None else rows
 
     def ours():
         with torch.no_grad():
@@ -272,7 +277,7 @@ def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path) -> li
     def plain():
         with torch.no_grad():
             return pipe(num_inference_steps=steps, guidance_scale=cfg_scale, height=size, width=size,
-                        latents=x_t.clone(), output_type="pt", **kw).images
+                        latents=x_t.clone().to(adapter.model_dtype), output_type="pt", **kw).images
 
     t_o, m_o = _measure(ours, args)
     t_b, m_b = _measure(plain, args)
@@ -308,7 +313,9 @@ def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path) -> li
         for s in range(k):
             st = batch.train_steps[:, s]
             with trainer.accelerator.autocast():
-                out = ad.predict(model, traj.latents[sel, st], traj.schedule.timesteps[st], traj.embeds, cfg_scale)
+                # the trajectory keeps timesteps (and offloaded latents) on the CPU; the trainer moves them too
+                out = ad.predict(model, traj.latents[sel, st].to(args.device), traj.schedule.timesteps[st].to(args.device),
+                                 traj.embeds, cfg_scale)
             (out.float().square().mean() / k).backward()
         torch.nn.utils.clip_grad_norm_(trainer.trainable, 1.0)
         opt.step()
@@ -637,7 +644,7 @@ def _run_family(family: str, args: argparse.Namespace, tmp: Path, report: dict[s
         pipe = build_pipeline(family, args.geometry == "real", args.device, args.dtype, tmp)
         if report["cost_model"] is None:  # the first pipeline family, before LoRA is added
             report["cost_model"] = cost_model(family, pipe, args)
-        report["rows"].extend(bench_pipeline(family, pipe, args, tmp))
+        bench_pipeline(family, pipe, args, tmp, report["rows"])
     else:
         report["rows"].append(bench_reward(family, args, tmp))
 

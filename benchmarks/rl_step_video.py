@@ -183,7 +183,9 @@ def overheads(pretrained: str, pipe, args: argparse.Namespace, tmp: Path) -> lis
         for s in range(k):
             st = batch.train_steps[:, s]
             with trainer.accelerator.autocast():
-                out = ad.predict(model, traj.latents[sel, st], traj.schedule.timesteps[st], traj.embeds, args.guidance)
+                # the trajectory keeps timesteps (and offloaded latents) on the CPU; the trainer moves them too
+                out = ad.predict(model, traj.latents[sel, st].to(args.device), traj.schedule.timesteps[st].to(args.device),
+                                 traj.embeds, args.guidance)
             (out.float().square().mean() / k).backward()
         torch.nn.utils.clip_grad_norm_(trainer.trainable, 1.0)
         opt.step()

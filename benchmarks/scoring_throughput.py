@@ -143,7 +143,8 @@ def bare_forward(reward, family: str, prompt: str, images: torch.Tensor) -> Call
 
     with torch.inference_mode():
         pre = reward.preprocess if family == "imagereward" else reward.backbone.preprocess
-        pixels = pre(images).clone()
+        # preprocessing computes in fp32; the network takes its own dtype (bf16 on a GPU)
+        pixels = pre(images).to(next(reward.parameters()).dtype).clone()
     if family == "imagereward":
         tok = reward.tokenizer([prompt] * len(images), padding="max_length", truncation=True, max_length=35,
                                return_tensors="pt").to(pixels.device)

@@ -106,7 +106,10 @@ class PipelineAdapter:
 
     @property
     def model_dtype(self) -> torch.dtype:
-        return next(self.denoiser.parameters()).dtype
+        # diffusers keeps some modules in fp32 (`_keep_in_fp32_modules`: Wan's scale_shift_table, its first
+        # parameter); ModelMixin.dtype skips them and names the compute dtype the inputs must have
+        dtype = getattr(self.denoiser, "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else next(self.denoiser.parameters()).dtype
 
     def _default_size(self) -> int:
         return int(self.denoiser.config.sample_size) * int(self.pipeline.vae_scale_factor)

@@ -133,3 +133,14 @@ def test_rl_step_unknown_family_is_one_line_exit_2(capsys):
     assert rl_step.main(["--family", "hunyuan"]) == 2
     err = capsys.readouterr().err
     assert "--family must be" in err and err.count("\n") == 1
+
+
+def test_gpu_scale_bf16_rewards_feed_the_bare_forward_its_dtype(tmp_path):
+    """On a GPU the benchmark runs in bf16: the bare forward's preprocessed pixels (fp32) must be cast to the
+    network's dtype, as the H200 run showed (HPSv2 and ImageReward failed with a dtype mismatch)."""
+    out = tmp_path / "report.json"
+    rc = gpu_scale.main(["--geometry", "reduced", "--device", "cpu", "--dtype", "bf16", "--families", "hpsv2",
+                         "imagereward", "--batch", "2", "--repeats", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["dtype"] == "bfloat16"
+    assert [(r["family"], r["status"]) for r in report["rows"]] == [("hpsv2", "ok"), ("imagereward", "ok")]
