@@ -14,7 +14,9 @@ Colours: colors="clip" (GenEval's: CLIP zero-shot on the masked crop over #999, 
 ViT-L/14 in open_clip's layout, `color_checkpoint`), "hsv" (a pixel heuristic), or an object with
 `classify(image, objects, name)`. Detections that carry a colour (ShapesWorld) need neither.
 
-Detectors: GenEval's is mmdet Mask2Former Swin-S, not built here yet (see docs); "owlv2"
+Detectors: "mask2former" is GenEval's and Flow-GRPO's (mmdet Mask2Former Swin-S from the user-supplied
+mmdet checkpoint file, run through transformers with mmdet's test pipeline and instance post-processing,
+`mmreward.geneval.mask2former`; chosen by default when `checkpoint` is that .pth file); "owlv2"
 (transformers Owlv2ForObjectDetection; checkpoint a hub id or folder, default
 google/owlv2-base-patch16-ensemble), "grounding-dino" (transformers GroundingDinoForObjectDetection,
 default IDEA-Research/grounding-dino-tiny; `detector_options` box_threshold/text_threshold),
@@ -150,7 +152,7 @@ def load_geneval(
     checkpoint: str | None = None,
     *,
     weights: str = "pretrained",
-    detector="owlv2",
+    detector=None,
     score: Literal["accuracy", "strict", "dense"] = "accuracy",
     score_threshold: float | None = None,
     counting_threshold: float | None = None,
@@ -166,7 +168,15 @@ def load_geneval(
     """GenEval reward. `colors`: "clip" (GenEval's classifier; `color_checkpoint` an open_clip or transformers
     CLIP, default OpenAI ViT-L/14; `color_options` for `load_clip_colors`), "hsv", or a classifier object."""
     _check_score(score)
-    if detector == "owlv2":
+    if detector is None:  # mmdet's Mask2Former file given: GenEval's own detector; otherwise OWLv2
+        detector = "mask2former" if _is_mmdet_file(checkpoint) else "owlv2"
+    if detector == "mask2former":
+        from mmreward.geneval.mask2former import load_mask2former
+
+        if checkpoint == OWLV2_CHECKPOINT:  # the spec's default checkpoint is OWLv2's
+            checkpoint = None
+        det = load_mask2former(checkpoint, weights=weights, **(detector_options or {}))
+    elif detector == "owlv2":
         det = _owlv2(checkpoint, weights, detector_options or {})
     elif detector == "grounding-dino":
         from mmreward.geneval.grounding_dino import load_grounding_dino
@@ -180,7 +190,8 @@ def load_geneval(
         det = ShapesWorldDetector()
     elif isinstance(detector, str):
         raise ConfigError(
-            f"detector must be 'owlv2', 'grounding-dino', 'shapesworld' or an object with detect(images, names), "
+            f"detector must be 'mask2former', 'owlv2', 'grounding-dino', 'shapesworld' or an object with "
+            f"detect(images, names), "
             f"got {detector!r}"
         )
     else:
@@ -197,6 +208,10 @@ def load_geneval(
         max_objects=max_objects, position_margin=position_margin, max_overlap=max_overlap, colors=color_clf,
         micro_batch_size=micro_batch_size,
     )  # fmt: skip
+
+
+def _is_mmdet_file(checkpoint: str | None) -> bool:
+    return checkpoint is not None and str(checkpoint).endswith((".pth", ".safetensors")) and "mask2former" in str(checkpoint)
 
 
 def _colors(colors: Any, checkpoint: str | None, weights: str, options: dict, needed: bool):
