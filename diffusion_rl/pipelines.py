@@ -712,11 +712,30 @@ def check_reward_modalities(adapter: PipelineAdapter, rewards: dict[str, Any], t
                 reward.set_clip_fps(adapter.fps)
 
 
+def check_token_limit(pipeline: Any, max_sequence_length: int | None) -> None:
+    """A sequence longer than the text encoder's position table fails deep in its forward; say so first."""
+    from diffusion_rl.model_card import text_token_limit
+
+    limit = text_token_limit(pipeline)
+    if max_sequence_length is not None and limit is not None and max_sequence_length > limit[1]:
+        raise ConfigError(f"max_sequence_length={max_sequence_length} is more than {type(pipeline).__name__}'s "
+                          f"{limit[0]} can take ({limit[1]} positions); set max_sequence_length <= {limit[1]}")
+
+
 def make_adapter(pipeline: Any, height: int | None = None, width: int | None = None,
                  max_sequence_length: int | None = None, num_frames: int | None = None) -> PipelineAdapter:
     """The adapter for a diffusers pipeline instance (by family, so subclasses work too); `num_frames` is
     for video pipelines and an error for image ones."""
     family = pipeline_family(pipeline, " for reward fine-tuning")
+    # settings left unset come from the folder's card (load_pipeline reads it), then from the adapter's defaults
+    card = getattr(pipeline, "generation_defaults", None) or {}
+    height = height if height is not None else card.get("height")
+    width = width if width is not None else card.get("width")
+    max_sequence_length = max_sequence_length if max_sequence_length is not None else card.get("max_sequence_length")
+    video = family in ("cogvideox", "ltx") or ADAPTERS[family].modality == "video"
+    if num_frames is None and video:
+        num_frames = card.get("num_frames")
+    check_token_limit(pipeline, max_sequence_length)
     if family in ("cogvideox", "ltx"):  # kept in their own module (diffusion_rl.video_adapters)
         from diffusion_rl.video_adapters import VIDEO_ADAPTERS
 
@@ -777,7 +796,10 @@ def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: s
     from mmreward.attention import apply_to_pipeline, check_choice
 
     check_choice(attention, "model.attention")  # before the (slow) load
+    from diffusion_rl.model_card import read_generation_defaults
+
     pipe = pipeline_from_pretrained(pretrained, what, dtype=dtype)
+    pipe.generation_defaults = read_generation_defaults(pretrained)  # the folder's card: make_adapter's defaults
     pipe.set_progress_bar_config(disable=True)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer"):
         module = getattr(pipe, name, None)

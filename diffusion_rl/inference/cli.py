@@ -43,8 +43,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="optimise a reward's detail instead of its score, e.g. clipscore=cosine (unclamped)")
     p.add_argument("--reward-weights", choices=["pretrained", "random"], default="pretrained",
                    help="'random' builds tiny random rewards (smoke tests only)")
-    p.add_argument("--steps", type=int, default=1, help="sampler steps (1 for SD/SDXL-Turbo, 1-4 for FLUX-schnell)")
-    p.add_argument("--guidance-scale", type=float, default=0.0, help="CFG scale (<= 1: off, as one-step models use)")
+    p.add_argument("--steps", type=int, help="sampler steps (default: the pipeline card's, else 1: SD/SDXL-Turbo; "
+                   "1-4 for FLUX-schnell)")
+    p.add_argument("--guidance-scale", type=float, help="CFG scale (<= 1: off, as one-step models use; default: the "
+                   "pipeline card's, else 0)")
     p.add_argument("--height", type=int, help="image height (default: the pipeline's)")
     p.add_argument("--width", type=int, help="image width (default: the pipeline's)")
     p.add_argument("--num-frames", type=int, help="video pipelines: frames per clip (default: the pipeline's)")
@@ -142,11 +144,23 @@ def _load_generator(args, device: str):
 
     with _quiet_loading(args.no_progress):
         pipe = load_pipeline(args.pipeline, DTYPES[args.dtype], device, args.attention, what="--pipeline")
-    common = {"num_inference_steps": args.steps, "guidance_scale": args.guidance_scale, "height": args.height,
-              "width": args.width, "gradient_checkpointing": getattr(args, "gradient_checkpointing", False),
-              "max_sequence_length": args.max_sequence_length}
+    # flags left unset come from the pipeline folder's card (generation_defaults), then the built-in defaults
+    card = getattr(pipe, "generation_defaults", {}) or {}
+
+    def pick(flag: Any, key: str, fallback: Any = None) -> Any:
+        return flag if flag is not None else card.get(key, fallback)
+
+    common = {"num_inference_steps": pick(args.steps, "num_inference_steps", 1),
+              "guidance_scale": pick(args.guidance_scale, "guidance_scale", 0.0),
+              "height": pick(args.height, "height"), "width": pick(args.width, "width"),
+              "gradient_checkpointing": getattr(args, "gradient_checkpointing", False),
+              "max_sequence_length": pick(args.max_sequence_length, "max_sequence_length")}
     if ADAPTERS[pipeline_family(pipe, " for noise search and optimisation")].modality == "video":
-        return NoiseToVideo(pipe, num_frames=args.num_frames, decode_batch_size=args.decode_batch_size, **common)
+        return NoiseToVideo(pipe, num_frames=pick(args.num_frames, "num_frames"),
+                            decode_batch_size=args.decode_batch_size, **common)
+    from diffusion_rl.pipelines import check_token_limit
+
+    check_token_limit(pipe, common["max_sequence_length"])
     if args.num_frames is not None:
         raise ConfigError(f"--num-frames is for video pipelines; {type(pipe).__name__} makes images (drop the flag)")
     return NoiseToImage(pipe, seed=args.seed, **common)

@@ -118,7 +118,12 @@ class NoiseToImage:
         check_choice(attention, "--attention")  # before the (slow) load
         pipe = pipeline_from_pretrained(str(source), "--pipeline", **{key: torch_dtype}).to(device)
         apply_to_pipeline(pipe, attention)
-        return cls(pipe, **kwargs)
+        from diffusion_rl.model_card import read_generation_defaults
+
+        # the folder's card fills what the caller left out (the shipped generator: 4 T5 tokens, 20 steps, CFG 4)
+        pipe.generation_defaults = read_generation_defaults(source)
+        card = {k: v for k, v in pipe.generation_defaults.items() if k != "num_frames"}
+        return cls(pipe, **{**card, **{k: v for k, v in kwargs.items() if v is not None}})
 
     # -- shapes and noise ------------------------------------------------------------------------
     @property
