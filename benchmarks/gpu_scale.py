@@ -497,8 +497,9 @@ def bench_reward(family: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
         from mmreward.models._qwen_vl import build_batch, model_inputs
 
         reward = build_vqascore(real, args.device, args.dtype, tmp)
+        min_pixels, max_pixels = reward._pixels("image", 1)  # the bounds score() resolves (None: the original's)
         batch = build_batch(reward.processor, [reward.question_template.format(prompt)] * len(images), images,
-                            kind="image", min_pixels=reward.min_pixels, max_pixels=reward.max_pixels,
+                            kind="image", min_pixels=min_pixels, max_pixels=max_pixels,
                             suffixes=[reward.answer_template] * len(images))
         inputs = model_inputs(batch, reward.device, reward.dtype)
 
