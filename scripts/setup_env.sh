@@ -11,14 +11,24 @@ venv=.venv
 py="${PYTHON:-python3}"
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 stamp="$venv/.mmreward-install-stamp"
-want="$(cat pyproject.toml setup.py constraints.txt scripts/setup_env.sh | sha256sum | cut -d' ' -f1) extras=$extras"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+want="$(cat pyproject.toml setup.py constraints.txt scripts/setup_env.sh | sha256sum | cut -d' ' -f1) extras=$extras torch=${MMREWARD_TORCH:-default}"
+if [ -z "${MMREWARD_SETUP_DRY_RUN:-}" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 pip_q=(-q --disable-pip-version-check)
 # torch is installed first and alone, at the constrained build, so that no other requirement can pull a
 # different one; every later install sees the same constraints and keeps it.
-"$venv/bin/python" -m pip install "${pip_q[@]}" -c constraints.txt torch torchvision
+# MMREWARD_TORCH=cpu takes the CPU build from PyTorch's CPU wheel index (about 0.2 GB instead of the
+# several-GB CUDA build PyPI serves on Linux x86-64): enough for the demo and the tests.
+torch_index=()
+case "${MMREWARD_TORCH:-default}" in
+  default) ;;
+  cpu) torch_index=(--index-url "${MMREWARD_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}") ;;
+  *) echo "setup_env.sh: MMREWARD_TORCH must be 'cpu' or unset, got '${MMREWARD_TORCH}'" >&2; exit 2 ;;
+esac
+run() { if [ -n "${MMREWARD_SETUP_DRY_RUN:-}" ]; then echo "$*"; else "$@"; fi; }
+run "$venv/bin/python" -m pip install "${pip_q[@]}" -c constraints.txt "${torch_index[@]}" torch torchvision
+if [ -n "${MMREWARD_SETUP_DRY_RUN:-}" ]; then exit 0; fi
 target="."
 [ -n "$extras" ] && target=".[$extras]"
 "$venv/bin/python" -m pip install "${pip_q[@]}" -c constraints.txt -e "$target"
