@@ -27,8 +27,11 @@ from typing import Any
 
 import torch
 
+from diffusion_rl import checkpoint_validation as checks
 from diffusion_rl.policy import Policy
 from mmreward.errors import CheckpointError, ConfigError
+from mmreward.pickle_files import load_torch_file
+from mmreward.safe_parse import safe_json
 
 CHECKPOINT_FORMAT = 3  # 1: one pickled trainer_state.pt; 2: safetensors + JSON, optimizer by index; 3: by name
 READABLE_FORMATS = (2, 3)
@@ -120,6 +123,8 @@ def restore(path: Path, state: dict[str, Any], policy: Policy, algorithm: Any) -
         if tuple(v.shape) != tuple(params[n].shape):
             raise ConfigError(f"checkpoint {path}: parameter {n} has shape {tuple(v.shape)}, this model's is "
                               f"{tuple(params[n].shape)} (different model or model.lora_rank?)")
+    # the optimizer's groups and settings against this run's, before anything of the run is changed
+    checks.check_against_run(state, path, names, _inner_optimizer(policy).param_groups)
     set_model_state_dict(policy.model, {n: v.to(params[n].dtype) for n, v in state["params"].items()},
                          options=_options(strict=False))
     opt = state["optimizer"]
@@ -146,21 +151,26 @@ def restore(path: Path, state: dict[str, Any], policy: Policy, algorithm: Any) -
     policy.steps = state["optimizer_steps"]
 
 
-def find_resume(value: str, out_dir: Path, run_id: str | None = None) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint to resume from and its state; 'latest' skips incomplete checkpoints with a warning, and,
-    given the folder's `run_id` (run.json), checkpoints of another run: 'latest' is the latest of this run."""
+def find_resume(value: str, out_dir: Path, run_id: str | None = None, *,
+                iterations: int | None = None) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to resume from and its state; 'latest' skips incomplete or invalid checkpoints with a
+    warning, and, given the folder's `run_id` (run.json), checkpoints of another run: 'latest' is the latest of
+    this run. Given `iterations` (train.iterations), a checkpoint beyond it is invalid for this run."""
     if value != "latest":
         path = Path(value)
         if not path.is_dir():
             raise CheckpointError(f"train.resume_from: {value!r} is not a folder; give a checkpoint folder such "
                                   f"as {out_dir / 'checkpoints' / 'iter_000010'}, or 'latest'")
-        return path, read_checkpoint(path)
+        state = read_checkpoint(path)
+        checks.check_iterations(state, path, iterations)
+        return path, state
     root = out_dir / "checkpoints"
     found = sorted((d for d in root.glob("iter_*") if re.fullmatch(r"iter_\d+", d.name) and d.is_dir()),
                    key=lambda d: int(d.name[5:]))
     for path in reversed(found):
         try:
             state = read_checkpoint(path)
+            checks.check_iterations(state, path, iterations)
         except CheckpointError as exc:
             warnings.warn(f"train.resume_from='latest': skipping {path}, which is incomplete or corrupt ({exc})",
                           stacklevel=2)
@@ -255,16 +265,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} has no {STATE_FILE}: not a trainer checkpoint, or one whose save was "
                               "interrupted; resume from an earlier checkpoint folder")
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = safe_json(meta_file.read_bytes())  # duplicate keys and deep nesting refused
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{meta_file} is not readable JSON ({exc}); the checkpoint is corrupt") from None
     if not isinstance(meta, dict) or meta.get("format") not in READABLE_FORMATS:
         raise CheckpointError(f"{meta_file}: unknown checkpoint format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
                               f"expected one of {list(READABLE_FORMATS)}")
-    for key, kind in (("iteration", int), ("optimizer_steps", int), ("history", list), ("files", dict),
-                      ("optimizer", dict)):
-        if not isinstance(meta.get(key), kind):
-            raise CheckpointError(f"{meta_file}: '{key}' is missing or not a {kind.__name__}; the checkpoint is corrupt")
+    checks.check_meta(meta, meta_file)  # types (a JSON true is no iteration), ranges, finite numbers
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     for file, size in meta["files"].items():
         f = path / file
@@ -281,33 +288,49 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     # by the parameter's index
     key_of = int if meta["format"] == 2 else str
     opt_state: dict[int | str, dict[str, Any]] = {}
-    for key, val in tensors["optimizer"].items():
-        param, name = key.rsplit(".", 1)
-        opt_state.setdefault(key_of(param), {})[name] = val
-    for param, scalars in meta["optimizer"].get("scalars", {}).items():
-        opt_state.setdefault(key_of(param), {}).update(scalars)
+    try:
+        for key, val in tensors["optimizer"].items():
+            param, name = key.rsplit(".", 1)
+            opt_state.setdefault(key_of(param), {})[name] = val
+        for param, scalars in meta["optimizer"].get("scalars", {}).items():
+            opt_state.setdefault(key_of(param), {}).update(scalars)
+    except ValueError:  # a key without a field name, or a format-2 index that is not a number
+        raise CheckpointError(f"{path / 'optimizer.safetensors'}: optimizer state key {key!r} is not "
+                              "'parameter.field'; the checkpoint is corrupt") from None
     groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["optimizer"]["param_groups"]]
     ema = None
     if meta.get("ema") is not None:
-        if "ema" not in tensors:
-            raise CheckpointError(f"{meta_file} records an EMA but lists no ema file; the checkpoint is corrupt")
-        ema = {"shadow": [tensors["ema"][f"shadow.{i}"] for i in range(meta["ema"]["size"])],
-               "num_updates": meta["ema"]["num_updates"]}
-    return {"iteration": meta["iteration"], "optimizer_steps": meta["optimizer_steps"], "params": tensors["params"],
-            "optimizer": {"state": opt_state, "param_groups": groups}, "ema": ema,
-            "algorithm": meta.get("algorithm"), "history": meta["history"], "config": meta.get("config"),
-            "algorithm_tensors": tensors.get("algorithm"),
-            "run_id": meta["run_id"] if isinstance(meta.get("run_id"), str) else None}
+        keys = [f"shadow.{i}" for i in range(meta["ema"]["size"])]
+        if sorted(tensors.get("ema", {})) != sorted(keys):
+            raise CheckpointError(f"{meta_file} records an EMA of {len(keys)} tensors but the ema file holds "
+                                  f"{len(tensors.get('ema', {}))}; the checkpoint is corrupt")
+        ema = {"shadow": [tensors["ema"][k] for k in keys], "num_updates": meta["ema"]["num_updates"]}
+    state = {"iteration": meta["iteration"], "optimizer_steps": meta["optimizer_steps"], "params": tensors["params"],
+             "optimizer": {"state": opt_state, "param_groups": groups}, "ema": ema,
+             "algorithm": meta.get("algorithm"), "history": meta["history"], "config": meta.get("config"),
+             "algorithm_tensors": tensors.get("algorithm"), "run_id": meta.get("run_id")}
+    checks.check_tensors(state, path)  # every moment of its parameter's shape, finite, for a known parameter
+    return state
 
 
 def _read_legacy_checkpoint(file: Path) -> dict[str, Any]:
     """Checkpoints of format 1 (one torch.save file): tensors and plain containers only, so weights_only works."""
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a truncated or 0-byte file raises EOFError, RuntimeError or an unpickling error
-        raise CheckpointError(f"{file} cannot be read ({type(exc).__name__}: {exc}); the checkpoint is incomplete "
-                              "or corrupt") from None
+    try:  # weights_only: a truncated file or one holding pickled objects is refused, never unpickled
+        state = load_torch_file(file, what="trainer checkpoint")
+    except CheckpointError as exc:
+        raise CheckpointError(f"{file} cannot be read: {exc}") from None
     required = ("iteration", "optimizer_steps", "params", "optimizer", "history")
     if not isinstance(state, dict) or any(k not in state for k in required):
         raise CheckpointError(f"{file} lacks {list(required)}; it is not a trainer checkpoint")
-    return {"ema": None, "algorithm": None, "config": None, "algorithm_tensors": None, **state}
+    opt = state["optimizer"]
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
+            and isinstance(state["params"], dict) and all(isinstance(g, dict) for g in opt["param_groups"])):
+        raise CheckpointError(f"{file}: 'optimizer' or 'params' has the wrong layout; it is not a trainer checkpoint")
+    # the same checks as the JSON format (betas as JSON would hold them)
+    checks.check_meta({"format": 2, "iteration": state["iteration"], "optimizer_steps": state["optimizer_steps"],
+                       "history": state["history"], "files": {},
+                       "optimizer": {"param_groups": [{**g, "betas": list(g["betas"])} if isinstance(
+                           g.get("betas"), tuple) else g for g in opt["param_groups"]]}}, file)
+    state = {"ema": None, "algorithm": None, "config": None, "algorithm_tensors": None, **state, "run_id": None}
+    checks.check_tensors(state, file)
+    return state

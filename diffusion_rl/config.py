@@ -21,6 +21,7 @@ import yaml
 
 from diffusion_rl.presets import PRESETS
 from mmreward.errors import ConfigError
+from mmreward.safe_parse import safe_yaml
 
 if typing.TYPE_CHECKING:
     from mmreward.prompt_sources import PromptList
@@ -606,7 +607,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r} sets a key inside {p!r}, which another override set to a value")
         try:
-            parsed = yaml.safe_load(value)
+            parsed = safe_yaml(value)
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(exc)}); "
                               "quote strings with spaces or brackets") from None
@@ -676,7 +677,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            data = yaml.safe_load(p.read_text())
+            data = safe_yaml(p.read_text())  # bounded depth and aliases, no duplicate keys
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(exc)}") from None
         except (OSError, UnicodeDecodeError) as exc:

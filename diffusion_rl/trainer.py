@@ -70,8 +70,8 @@ class Trainer:
             new_run_suffix=cfg.log.new_run_suffix)
         acc.wait_for_everyone()
         run_folder.check_not_locked(self.out_dir)
-        resume = (checkpointing.find_resume(cfg.train.resume_from, self.out_dir, run_folder.read_run_id(self.out_dir))
-                  if resuming else None)
+        resume = (checkpointing.find_resume(cfg.train.resume_from, self.out_dir, run_folder.read_run_id(self.out_dir),
+                                            iterations=cfg.train.iterations) if resuming else None)
         self.run_id = (resume[1].get("run_id") if resume else None) or run_folder.new_run_id()
         self.resumed_from = str(resume[0]) if resume else None
         self.rewards = load_run_rewards(cfg, acc.device)

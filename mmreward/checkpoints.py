@@ -16,10 +16,8 @@ model is loaded strictly: missing, unexpected or wrong-shaped keys are a Checkpo
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import pickle
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,8 @@ from typing import Any, Literal
 import torch
 
 from mmreward.errors import CheckpointError, UnknownRewardError
+from mmreward.pickle_files import load_torch_file, refusal_error
+from mmreward.safe_parse import load_json
 
 HUB_PREFIX = "hf-hub:"
 LOCAL_PREFIX = "local-dir:"
@@ -51,6 +51,7 @@ def parse_source(source: str | os.PathLike, known_names: Iterable[str] = ()) -> 
         repo, _, rev = s[len(HUB_PREFIX) :].partition("@")
         if repo.count("/") != 1:
             raise CheckpointError(f"source: hub ids look like 'hf-hub:org/repo', got {s!r}")
+        check_hub_id(repo)
         return Source("hub", repo, revision=rev or None)
     if s.startswith(LOCAL_PREFIX):
         return Source("local", s[len(LOCAL_PREFIX) :])
@@ -100,11 +101,13 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any
     """A JSON object from a checkpoint file, or a CheckpointError naming the file."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CheckpointError(f"{what} not found: {p}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{what} {p} is not valid JSON ({exc}); re-download or re-save it") from exc
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{what} {p} is not valid JSON ({exc}); re-download or re-save it") from None
+    # duplicate keys and deep nesting refused (safe_parse), as a CheckpointError naming the file
+    data = load_json(text, source=f"{what} {p}", error=CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{what} {p} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -177,7 +180,20 @@ def resolve_files(
         raise CheckpointError(
             f"checkpoint '{ckpt}' is neither an existing file or folder nor a hub id 'org/repo'"
         )
+    check_hub_id(ckpt)
     return _resolve_hub_files(ckpt, filenames, optional, revision)
+
+
+def check_hub_id(repo: str) -> None:
+    """A CheckpointError (not huggingface_hub's HFValidationError) for a string that cannot be a hub repo id."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as exc:
+        raise CheckpointError(f"checkpoint '{repo}' is neither an existing file or folder nor a valid hub id "
+                              f"'org/repo': {exc}") from None
 
 
 def _resolve_hub_files(
@@ -222,27 +238,15 @@ def load_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"weights file not found: {p}")
-    try:
-        if p.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             sd = load_file(str(p), device="cpu")
-        else:
-            sd = torch.load(str(p), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
-        if refused is None:  # not a refusal: the bytes are not a pickle at all
-            raise CheckpointError(f"cannot read weights file {p} (corrupt or not a PyTorch file)") from exc
-        # weights_only=True refuses pickles that would import or call arbitrary objects
-        raise CheckpointError(
-            f"refused to unpickle {p}: it references the Python object {refused.group(1)}, and mmreward never "
-            "unpickles code. If you trust the file, convert it to safetensors once: "
-            "load it with torch.load (weights_only disabled, in a session you trust) and write its state dict with "
-            "`safetensors.torch.save_file(state_dict, 'model.safetensors')`, "
-            "and pass that file instead."
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - corrupt files raise many types
-        raise CheckpointError(f"cannot read weights file {p} (corrupt or truncated?): {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own types for corrupt headers
+            raise CheckpointError(f"cannot read weights file {p} (corrupt or truncated?): {exc}") from exc
+    else:
+        sd = load_torch_file(p)  # weights_only: a pickle holding objects is refused, with how to convert it
     if key is not None:
         if not isinstance(sd, Mapping) or key not in sd:
             keys = list(sd)[:10] if isinstance(sd, Mapping) else type(sd).__name__
@@ -286,10 +290,50 @@ def load_strict(
         raise key_mismatch_error(source, type(module).__name__, missing, unexpected, [
             f"{k}: file {_shape(sd[k])} vs model {tuple(own[k].shape)}" for k in mismatched
         ])
+    check_dtype_kinds(source, {k: sd[k].dtype for k in set(own) & set(sd)}, own)
     try:
         module.load_state_dict(sd, strict=not (ignored or partial))
     except RuntimeError as exc:  # e.g. a dtype that cannot be copied; the keys themselves matched
         raise CheckpointError(f"weights from {source} cannot be loaded into {type(module).__name__}: {exc}") from exc
+
+
+def _is_float(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def check_dtype_kinds(source: str, file_dtypes: Mapping[str, torch.dtype], own: Mapping[str, torch.Tensor]) -> None:
+    """Refuse integer or bool tensors for floating-point parameters: load_state_dict would cast them silently
+    (int32 weights truncate every value, and change a reward's scores). Integer buffers (position ids,
+    counters) and float-to-float casts (fp16 files into fp32 models) are fine."""
+    wrong = sorted(k for k, dt in file_dtypes.items() if k in own and _is_float(own[k].dtype) and not _is_float(dt))
+    if wrong:
+        shown = ", ".join(f"{k} ({file_dtypes[k]}, model {own[k].dtype})" for k in wrong[:5])
+        more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+        raise CheckpointError(
+            f"weights from {source} hold integer or bool tensors where the model has floating-point parameters: "
+            f"{shown}{more}. The file is corrupt or was converted wrongly; re-export it with float weights")
+
+
+_SAFETENSORS_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+                       "I32": torch.int32, "I64": torch.int64}
+
+
+def _check_folder_dtypes(folder: Path, model: Any) -> None:
+    """check_dtype_kinds for the safetensors files of a from_pretrained folder, from their headers only."""
+    from safetensors import safe_open
+
+    own = model.state_dict() if hasattr(model, "state_dict") else {}
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                ints = {k: _SAFETENSORS_DTYPES[f.get_slice(k).get_dtype()] for k in f.keys()
+                        if f.get_slice(k).get_dtype() in _SAFETENSORS_DTYPES}
+        except Exception:  # noqa: BLE001 - from_pretrained has already read the file; nothing to add here
+            continue
+        prefix = getattr(model, "base_model_prefix", "")
+        # files of a base model saved without (or with) the head class's prefix name the same parameters
+        named = {**{f"{prefix}.{k}": v for k, v in ints.items() if prefix}, **ints}
+        check_dtype_kinds(str(file), named, own)
 
 
 def _shape(value: Any) -> Any:
@@ -357,10 +401,16 @@ def load_pretrained(
     except Exception as exc:  # noqa: BLE001 - corrupt or unreadable files raise SafetensorError, ValueError, ...
         if isinstance(exc, OSError) and not Path(os.path.expanduser(src)).is_dir():
             raise  # not a local folder: a hub or path problem, which the caller explains with its own fix
+        if _refused_pickle(exc):  # a .bin holding objects: say how to convert it, never torch's advice
+            files = sorted(Path(os.path.expanduser(src)).glob("**/*.bin")) or [Path(src)]
+            raise refusal_error(files[0], exc) from None
         raise CheckpointError(
             f"cannot load {getattr(cls, '__name__', cls)} from {src}: {type(exc).__name__}: {exc}. "
             "Is the folder complete and are its files intact (config.json, model.safetensors)?"
         ) from exc
+    folder = Path(os.path.expanduser(src)) / kwargs.get("subfolder", "")
+    if folder.is_dir():
+        _check_folder_dtypes(folder, model)
     ignored = set(ignore_unexpected)
     missing = sorted(info.get("missing_keys", []))
     unexpected = sorted(k for k in info.get("unexpected_keys", []) if k not in ignored)
@@ -368,6 +418,15 @@ def load_pretrained(
     if missing or unexpected or mismatched:
         raise key_mismatch_error(src, type(model).__name__, missing, unexpected, mismatched)
     return model
+
+
+def _refused_pickle(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) is torch's weights_only refusal of a pickle holding objects."""
+    while exc is not None:
+        if isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from mmreward.errors import CheckpointError, ConfigError, MissingExtraError
 from mmreward.geneval import Detection
+from mmreward.pickle_files import load_torch_file
 
 CHECKPOINT_FILENAME = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"
 CHECKPOINT_URL = (
@@ -277,16 +278,8 @@ def read_mmdet_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    try:
-        ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # an unpickling refusal or a damaged file
-        raise CheckpointError(
-            f"cannot read '{path}' with torch.load(weights_only=True): {exc}. mmreward never unpickles code. If the "
-            "file is mmdet's and you trust it, convert it once to safetensors in a separate environment: "
-            "python -c \"import torch; from safetensors.torch import save_file; "
-            "sd = torch.load('IN.pth', map_location='cpu', weights_only=False)['state_dict']; "
-            "save_file({k: v.contiguous() for k, v in sd.items()}, 'OUT.safetensors')\" and pass OUT.safetensors"
-        ) from exc
+    # weights_only: a refused pickle's error says how to convert it to safetensors, never torch's retry advice
+    ckpt = load_torch_file(path, what="mmdet checkpoint")
     sd = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"'{path}' holds no tensor state_dict (expected mmdet's {{'meta', 'state_dict'}})")

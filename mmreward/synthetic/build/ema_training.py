@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from mmreward.pickle_files import load_torch_file
+
 
 def named_parameters(modules: dict[str, torch.nn.Module]) -> dict[str, torch.nn.Parameter]:
     return {f"{n}.{k}": p for n, m in modules.items() for k, p in m.named_parameters()}
@@ -56,7 +58,7 @@ def train_with_ema(cfg: Any, pipe, modules: dict[str, torch.nn.Module], step_los
     start, log, elapsed = 0, [], 0.0
     ckpt = work / "checkpoint.pt"
     if ckpt.exists():  # tensors only (weights_only): nothing is unpickled
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        state = load_torch_file(ckpt, what="training checkpoint")
         with torch.no_grad():
             for k, p in params.items():
                 p.copy_(state["params"][k])

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from mmreward.errors import ConfigError, RewardInputError
+from mmreward.pickle_files import load_torch_file
 
 
 def reserved_for_evaluation(prompt: str) -> bool:
@@ -85,7 +86,7 @@ class GeneratedPool:
         if not Path(path).is_file():
             raise ConfigError(f"generated pool {str(path)!r} does not exist; build it with "
                               "`python -m mmreward.synthetic.build.generated_pool --out PATH`")
-        d = torch.load(path, map_location="cpu", weights_only=True)
+        d = load_torch_file(path, what="generated pool")
         return cls(d["images"], list(d["prompts"]), d["strict"], d["partial"])
 
     @classmethod
