@@ -113,7 +113,7 @@ def test_reward_with_canned_detector_and_pixel_colours():
     assert out.scores.tolist() == [0.0, 0.5] and out.details["strict"].tolist() == [0.0, 0.0]
     assert out.details["accuracy"].tolist() == [0.0, 0.0]
     with pytest.raises(ConfigError, match="detector must"):
-        mmreward.load("geneval", detector="mask2former")
+        mmreward.load("geneval", detector="yolo")
     with pytest.raises(ConfigError, match="score must"):
         mmreward.load("geneval", detector=detector, score="soft", colors="hsv")
     with pytest.raises(ConfigError, match="'dense' is Flow-GRPO's training reward"):
