@@ -90,3 +90,16 @@ def test_model_config_json_duplicates_refused(tmp_path):
 def test_plain_json_still_loads(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"reward": "x", "options": {"a": [1, {"b": None}]}}))
     assert read_json(tmp_path / "c.json")["options"]["a"][1] == {"b": None}
+
+
+def test_bench_annotation_files_refuse_duplicates_and_deep_nesting(tmp_path):
+    from vlm_rm.bench.items import read_records
+
+    (tmp_path / "a.jsonl").write_text('{"prompt": "x"}\n{"prompt": "a", "prompt": "b"}\n')
+    with pytest.raises(ConfigError, match=r"a.jsonl line 2 is refused: duplicate key 'prompt'"):
+        read_records(tmp_path / "a.jsonl")
+    (tmp_path / "b.json").write_text(DEEP_JSON)
+    with pytest.raises(ConfigError, match="b.json is refused: it nests deeper"):
+        read_records(tmp_path / "b.json")
+    (tmp_path / "c.jsonl").write_text('{"prompt": "x"}\n')
+    assert read_records(tmp_path / "c.jsonl") == [{"prompt": "x"}]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmreward.errors import ConfigError, MissingExtraError
+from mmreward.safe_parse import load_json
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,11 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
         with p.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            # duplicate keys and deep nesting refused, a bad line named (safe_parse)
+            return [load_json(line, source=f"{p} line {i}", error=ConfigError)
+                    for i, line in enumerate(f, 1) if line.strip()]
     if suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = load_json(p.read_text(encoding="utf-8"), source=str(p), error=ConfigError)
         if isinstance(data, dict):
             lists = [v for v in data.values() if isinstance(v, list)]
             if len(lists) != 1:
