@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
+from parity_record import record_parity
 from tolerances import assert_close_scaled
-from zoo_reference import as_inputs, hf_clip_pixels, mixed_pil_images, torchvision_clip_transform
+from zoo_reference import ZOO_CASES, as_inputs, hf_clip_pixels, mixed_pil_images, torchvision_clip_transform
 
 import mmreward
 from mmreward.testing.tiny_models import save_tiny_transformers_clip
@@ -76,21 +78,31 @@ def hf_reference_cos(folder, images, prompts) -> torch.Tensor:
     return torch.cat(out), model.logit_scale.exp().item()
 
 
-def check_all_inputs(reward, reference_fn, prompts=PROMPTS):
-    """Score every input form and compare with the per-image reference on the equivalent PIL images."""
+def check_all_inputs(reward, reference_fn, prompts=PROMPTS, parity=None):
+    """Score every input form and compare with the per-image reference on the equivalent PIL images.
+
+    `parity`: (family, original, how) to record the comparison for the parity table (tests/parity_record.py)."""
     images = mixed_pil_images()
     wants: dict[int, torch.Tensor] = {}  # the tensor forms share their PIL images: one reference run
+    gots, refs = [], []
     for kind, value in as_inputs(images).items():
         pil, media = (value, value) if kind == "pil" else value
         ps = prompts[: len(pil)]
         got = reward.score(ps, media).scores
         want = wants[id(pil)] if id(pil) in wants else wants.setdefault(id(pil), reference_fn(pil, ps))
         assert_close_scaled(got, want.float(), rel=REL, msg=lambda m, k=kind: f"{k}: {m}")
+        gots.append(got.float().flatten())
+        refs.append(want.float().flatten())
+    if parity is not None:
+        family, original, how = parity
+        record_parity(family, original=original, how=how, actual=torch.cat(gots), expected=torch.cat(refs),
+                      cases=ZOO_CASES)
 
 
 # ----------------------------------------------------------------------------------------------
 # CLIPScore
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parity
 def test_clipscore_transformers_matches_reference(hf_clip_dir):
     reward = mmreward.load("clipscore", checkpoint=str(hf_clip_dir))
 
@@ -98,7 +110,9 @@ def test_clipscore_transformers_matches_reference(hf_clip_dir):
         cos, _ = hf_reference_cos(hf_clip_dir, pil, prompts)
         return (100 * cos).clamp(min=0)
 
-    check_all_inputs(reward, ref)
+    check_all_inputs(reward, ref, parity=("clipscore (transformers CLIP)", f"transformers=={transformers.__version__} "
+                                          "CLIPModel + CLIPProcessor (Hessel et al. 2021 w=100 convention)",
+                                          "package"))
     # a prompt whose cosine has both signs across the images exercises the per-sample clamp
     out = reward.score("the the the", mixed_pil_images())
     cos = out.details["cosine"]
@@ -113,6 +127,7 @@ def test_clip_s_convention_and_prefix(hf_clip_dir):
     assert_close_scaled(reward.score(PROMPTS, images).scores, 2.5 * cos.clamp(min=0), rel=REL)
 
 
+@pytest.mark.parity
 def test_clipscore_open_clip_matches_reference(open_clip_dir):
     import open_clip
 
@@ -132,7 +147,8 @@ def test_clipscore_open_clip_matches_reference(open_clip_dir):
                 out.append((100 * (a * b).sum(-1)).clamp(min=0))
         return torch.cat(out)
 
-    check_all_inputs(reward, ref)
+    check_all_inputs(reward, ref, parity=("clipscore (open_clip)", f"open_clip_torch=={open_clip.__version__} "
+                                          "create_model + image_transform", "package"))
 
 
 def test_clipscore_bad_inputs_and_backbone(hf_clip_dir, tmp_path):
@@ -196,6 +212,7 @@ def test_differentiable_path_gradients_and_agreement(hf_clip_dir, name):
 # ----------------------------------------------------------------------------------------------
 # PickScore
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parity
 def test_pickscore_single_folder_matches_reference(hf_clip_dir):
     reward = mmreward.load("pickscore", checkpoint=str(hf_clip_dir))
 
@@ -203,7 +220,9 @@ def test_pickscore_single_folder_matches_reference(hf_clip_dir):
         cos, scale = hf_reference_cos(hf_clip_dir, pil, prompts)
         return scale * cos
 
-    check_all_inputs(reward, ref)
+    check_all_inputs(reward, ref, parity=("pickscore", "yuvalkirstain/PickScore README inference snippet "
+                                          f"(logit_scale * cos) on transformers=={transformers.__version__}",
+                                          "package"))
 
 
 def test_pickscore_split_model_and_processor(hf_clip_dir, tmp_path):
@@ -241,6 +260,7 @@ def test_pickscore_compare_and_rank_are_softmax_over_candidates(hf_clip_dir):
 # ----------------------------------------------------------------------------------------------
 # LAION aesthetic predictor v2
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parity
 def test_aesthetic_single_folder_matches_reference(hf_clip_dir, tmp_path):
     import shutil
 
@@ -271,7 +291,9 @@ def test_aesthetic_single_folder_matches_reference(hf_clip_dir, tmp_path):
                 out.append(x[:, 0])
         return torch.cat(out)
 
-    check_all_inputs(reward, ref, prompts=[""] * 4)
+    check_all_inputs(reward, ref, prompts=[""] * 4,
+                     parity=("aesthetic", "christophschuhmann/improved-aesthetic-predictor simple_inference.py "
+                             "(OpenAI CLIP torchvision preprocess, L2-normalised embedding, MLP)", "transcribed"))
     assert reward.score(None, torch.rand(2, 3, 64, 64)).scores.shape == (2,)
 
 

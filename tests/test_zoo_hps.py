@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from zoo_reference import as_inputs, hps_pixels, mixed_pil_images
+from parity_record import record_parity
+from zoo_reference import ZOO_CASES, as_inputs, hps_pixels, mixed_pil_images
 
 import mmreward
 
@@ -59,18 +60,28 @@ def reference_scores(sd, images, prompts):
     return torch.cat(out)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("name", ["hpsv2", "hpsv2.1"])
 def test_hps_matches_reference_on_all_input_forms(hps_folder, name):
+    import open_clip
+
     folder, sds = hps_folder
     reward = mmreward.load(name, checkpoint=str(folder), model_cfg=CFG)
     wants: dict[int, torch.Tensor] = {}  # the tensor forms share their PIL images: one reference run
+    gots, refs = [], []
     for kind, value in as_inputs(mixed_pil_images()).items():
         pil, media = (value, value) if kind == "pil" else value
         if kind == "float_offgrid":
             continue  # HPSv2 resizes float tensors itself: off-grid floats have no PIL equivalent
         ps = PROMPTS[: len(pil)]
-        torch.testing.assert_close(reward.score(ps, media).scores, (wants[id(pil)] if id(pil) in wants else wants.setdefault(id(pil), reference_scores(sds[name], pil, ps))),
-                                   atol=1e-5, rtol=0, msg=lambda m, k=kind: f"{k}: {m}")
+        got = reward.score(ps, media).scores
+        want = wants[id(pil)] if id(pil) in wants else wants.setdefault(id(pil), reference_scores(sds[name], pil, ps))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m, k=kind: f"{k}: {m}")
+        gots.append(got.float())
+        refs.append(want.float())
+    record_parity(name, original=f"tgxs002/HPSv2 hpsv2/img_score.py score() recipe on open_clip_torch=="
+                  f"{open_clip.__version__}", how="transcribed", actual=torch.cat(gots), expected=torch.cat(refs),
+                  cases=ZOO_CASES, not_checked="RGBA: HPSv2 feeds 4 channels and raises; we drop alpha (our choice)")
 
 
 def test_hps_versions_pick_their_file(hps_folder):

@@ -8,9 +8,10 @@ from functools import partial
 
 import pytest
 import torch
+from parity_record import record_parity
 from PIL import Image
 from tolerances import assert_close_scaled
-from zoo_reference import as_inputs, mixed_pil_images, torchvision_clip_transform
+from zoo_reference import ZOO_CASES, as_inputs, mixed_pil_images, torchvision_clip_transform
 
 import mmreward
 from mmreward.testing.tiny_models import build_bert_tokenizer
@@ -107,16 +108,24 @@ def reference_scores(official, images, prompts):
     return torch.cat(out)
 
 
+@pytest.mark.parity
 def test_imagereward_matches_reference_on_all_input_forms(official_folder):
     folder = official_folder[0]
     reward = mmreward.load("imagereward", checkpoint=str(folder))
     wants: dict[int, torch.Tensor] = {}  # the tensor forms share their PIL images: one reference run
+    gots, refs = [], []
     for kind, value in as_inputs(mixed_pil_images()).items():
         pil, media = (value, value) if kind == "pil" else value
         ps = PROMPTS[: len(pil)]
         want = (wants[id(pil)] if id(pil) in wants else wants.setdefault(id(pil), reference_scores(official_folder, pil, ps)))
         assert want.std() > 1e-2, "reference scores must vary across inputs for the comparison to mean anything"
-        assert_close_scaled(reward.score(ps, media).scores, want, rel=1e-5, msg=lambda m, k=kind: f"{k}: {m}")
+        got = reward.score(ps, media).scores
+        assert_close_scaled(got, want, rel=1e-5, msg=lambda m, k=kind: f"{k}: {m}")
+        gots.append(got.float())
+        refs.append(want.float())
+    record_parity("imagereward", original="THUDM/ImageReward ImageReward/ImageReward.py score() transcribed on timm "
+                  "VisionTransformer + transformers BertModel", how="transcribed", actual=torch.cat(gots),
+                  expected=torch.cat(refs), cases=ZOO_CASES)
 
 
 def test_imagereward_file_path_and_prompt_truncation(official_folder):

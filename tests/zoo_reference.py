@@ -31,6 +31,10 @@ def gradient_alpha_image(h: int, w: int, seed: int) -> Image.Image:
     return Image.fromarray(rgba, "RGBA")
 
 
+# what as_inputs(mixed_pil_images()) covers, for the parity table
+ZOO_CASES = ("RGB", "grayscale", "odd sizes (333x517, 300x301)", "RGBA (alpha 0-255)", "uint8/float/numpy tensors")
+
+
 def mixed_pil_images() -> list[Image.Image]:
     """Odd sizes, RGBA with alpha from 0 to 255, grayscale, portrait and landscape."""
     return [
