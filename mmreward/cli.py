@@ -325,6 +325,12 @@ def _batched(it: Iterable, n: int) -> Iterator[list]:
 # ----------------------------------------------------------------------------------------------
 # scoring
 # ----------------------------------------------------------------------------------------------
+def _video_load_options(reward) -> dict[str, Any]:
+    """The reward's frame sampling for files (`Reward.video_load_options`); none for a duck-typed reward."""
+    options = getattr(reward, "video_load_options", None)
+    return options() if callable(options) else {}
+
+
 def _score_batch(reward, jobs: list[tuple[int, str, str]], **media_options: Any) -> list[dict[str, Any]]:
     """Score a batch; an item that cannot be read, or that makes the model fail, gets its error recorded."""
     from mmreward import media as media_io
@@ -332,6 +338,7 @@ def _score_batch(reward, jobs: list[tuple[int, str, str]], **media_options: Any)
     rows: dict[int, dict[str, Any]] = {}
     loaded, ok_jobs = [], []
     modality = reward.modalities[0] if len(reward.modalities) == 1 else "auto"
+    media_options = {**media_options, **_video_load_options(reward)}  # decode only the frames the card keeps
     for job in jobs:
         idx, path, prompt = job
         try:
@@ -355,12 +362,13 @@ def _score_batch(reward, jobs: list[tuple[int, str, str]], **media_options: Any)
     if ok_jobs:
         try:
             run(ok_jobs, loaded)
-        except MMRewardError:
-            for job, item in zip(ok_jobs, loaded):  # isolate the failing item(s)
+        except Exception:  # noqa: BLE001 - isolate the failing item(s), whatever they made the model raise
+            for job, item in zip(ok_jobs, loaded):
                 try:
                     run([job], [item])
-                except MMRewardError as exc:
-                    rows[job[0]] = {"index": job[0], "media": job[1], "prompt": job[2], "score": None, "error": str(exc)}
+                except Exception as exc:  # noqa: BLE001 - one item's failure is its row's error, the run goes on
+                    error = str(exc) if isinstance(exc, MMRewardError) else f"{type(exc).__name__}: {exc}"
+                    rows[job[0]] = {"index": job[0], "media": job[1], "prompt": job[2], "score": None, "error": error}
     return [rows[j[0]] for j in jobs]
 
 
@@ -510,6 +518,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError("compare needs two media A B (with --prompt), or --pairs FILE.jsonl")
     reward = _load_reward(args)
     modality = reward.modalities[0] if len(reward.modalities) == 1 else "auto"
+    media_options = {**media_options, **_video_load_options(reward)}
     failed = 0
     with ExitStack() as stack:
         writer = _Writer(args.out, stack)

@@ -16,14 +16,15 @@ image before dropping alpha (their preprocessing card uses it; see `Reward.image
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from mmreward.errors import MediaError, RewardInputError
+from mmreward import video_decode
+from mmreward.errors import MediaError, MissingExtraError, RewardInputError
 
 MediaBatch = torch.Tensor | list[torch.Tensor]
 ValueRange = tuple[float, float]
@@ -36,6 +37,18 @@ _RANGE_TOLERANCE = 1e-3
 # 74-byte PNG can claim 20000x20000 (1.2 GB as RGB, 4.8 GB as float), and no reward looks at more than a
 # few megapixels. 8192x8192 leaves room for any real photo or generated image.
 MAX_IMAGE_PIXELS = 8192 * 8192
+# The area alone lets a 1x1,000,000 strip through, and rewards resize the short side up (CLIP: to 224, so a
+# 1x80,000 strip becomes 224x17.9M pixels, 2.9 GB measured) and JPEG cannot encode a side above 65,500: each
+# side and the aspect ratio are capped too, from the header. 16384 is twice the side of the area cap's square;
+# 64:1 is past any panorama or long screenshot (about 20:1) and keeps a 224-pixel short side under 15k long.
+MAX_IMAGE_SIDE = 16384
+MAX_ASPECT_RATIO = 64.0
+# Videos are checked from their header before a decoder sees them (see `read_video`): 100k frames is 55 min
+# at 30 fps; 3 hours bounds the declared duration; the sampled frames may hold 2**30 pixels (12.9 GB as float
+# RGB: 4,096 frames at 512x512, or 517 at 1080p), which stops "every frame" of a clip with 100k of them.
+MAX_VIDEO_FRAMES = 100_000
+MAX_VIDEO_SECONDS = 3 * 3600.0
+MAX_DECODED_PIXELS = 2**30
 
 
 def check_value_range(value_range: Any) -> ValueRange | None:
@@ -63,7 +76,13 @@ def _check_max_image_pixels(max_image_pixels: Any) -> None:
         raise RewardInputError(f"max_image_pixels: expected a positive int or None, got {max_image_pixels!r}")
 
 
-def _check_image_pixels(size: tuple[int, int], max_image_pixels: int | None, what: str) -> None:
+def _check_image_size(
+    size: tuple[int, int],
+    max_image_pixels: int | None,
+    what: str,
+    max_image_side: int | None = MAX_IMAGE_SIDE,
+    max_aspect_ratio: float | None = MAX_ASPECT_RATIO,
+) -> None:
     """Reject an image from its (width, height) alone, so that nothing is decoded or allocated first."""
     w, h = size
     if max_image_pixels is not None and w * h > max_image_pixels:
@@ -71,6 +90,26 @@ def _check_image_pixels(size: tuple[int, int], max_image_pixels: int | None, wha
             f"{what}: image is {w}x{h} = {w * h} pixels, above max_image_pixels={max_image_pixels}; "
             "downscale it first, or pass a larger max_image_pixels (None for no cap)"
         )
+    if max_image_side is not None and max(w, h) > max_image_side:
+        raise MediaError(
+            f"{what}: image is {w}x{h}, a side above max_image_side={max_image_side}; "
+            "downscale it first, or pass a larger max_image_side (None for no cap)"
+        )
+    if max_aspect_ratio is not None and min(w, h) > 0 and max(w, h) / min(w, h) > max_aspect_ratio:
+        raise MediaError(
+            f"{what}: image is {w}x{h}, an aspect ratio of {max(w, h) / min(w, h):.0f}:1, above "
+            f"max_aspect_ratio={max_aspect_ratio:g}; crop it first, or pass a larger max_aspect_ratio (None for no cap)"
+        )
+
+
+def _check_size_options(max_image_side: Any, max_aspect_ratio: Any) -> None:
+    if max_image_side is not None and (isinstance(max_image_side, bool) or not isinstance(max_image_side, int)
+                                       or max_image_side < 1):
+        raise RewardInputError(f"max_image_side: expected a positive int or None, got {max_image_side!r}")
+    if max_aspect_ratio is not None and (isinstance(max_aspect_ratio, bool)
+                                         or not isinstance(max_aspect_ratio, (int, float))
+                                         or not max_aspect_ratio >= 1):
+        raise RewardInputError(f"max_aspect_ratio: expected a number >= 1 or None, got {max_aspect_ratio!r}")
 
 
 def _check_not_empty(t: torch.Tensor, what: str, video: bool = False) -> torch.Tensor:
@@ -183,22 +222,26 @@ def read_image(
     path: str | os.PathLike,
     alpha: Alpha = "drop",
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    max_image_side: int | None = MAX_IMAGE_SIDE,
+    max_aspect_ratio: float | None = MAX_ASPECT_RATIO,
 ) -> torch.Tensor:
     """Read an image file to a (3, H, W) float tensor in [0, 1] ((4, H, W) for transparent RGBA and alpha="keep").
 
-    Files whose header claims more than `max_image_pixels` pixels are rejected before decoding (None: no
-    cap of ours; PIL's own decompression-bomb limit, `PIL.Image.MAX_IMAGE_PIXELS`, still applies).
+    Files whose header claims more than `max_image_pixels` pixels, a side above `max_image_side` or an aspect
+    ratio above `max_aspect_ratio` are rejected before decoding (None: no such cap of ours; PIL's own
+    decompression-bomb limit, `PIL.Image.MAX_IMAGE_PIXELS`, still applies).
     """
     import re
 
     from PIL import Image
 
     _check_max_image_pixels(max_image_pixels)
+    _check_size_options(max_image_side, max_aspect_ratio)
     p = Path(path)
     _check_exists(p, "image")
     try:
         with Image.open(p) as img:  # reads the header only
-            _check_image_pixels(img.size, max_image_pixels, str(p))
+            _check_image_size(img.size, max_image_pixels, str(p), max_image_side, max_aspect_ratio)
             img.load()
             return _check_not_empty(_pil_to_tensor(img, alpha, str(p)), str(p))
     except MediaError:
@@ -255,19 +298,22 @@ def load_image(
     value_range: ValueRange | None = None,
     alpha: Alpha = "drop",
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    max_image_side: int | None = MAX_IMAGE_SIDE,
+    max_aspect_ratio: float | None = MAX_ASPECT_RATIO,
 ) -> torch.Tensor:
     """One image from a path, PIL image, numpy HW/HWC array or CHW tensor -> (3, H, W) in [0, 1].
 
-    `max_image_pixels` caps files and PIL images (see `read_image`); arrays and tensors are already in memory.
+    The size caps apply to files and PIL images (see `read_image`); arrays and tensors are already in memory.
     """
     from PIL import Image
 
     value_range = check_value_range(value_range)
     _check_max_image_pixels(max_image_pixels)
+    _check_size_options(max_image_side, max_aspect_ratio)
     if isinstance(item, (str, os.PathLike)):
-        return read_image(item, alpha, max_image_pixels)
+        return read_image(item, alpha, max_image_pixels, max_image_side, max_aspect_ratio)
     if isinstance(item, Image.Image):
-        _check_image_pixels(item.size, max_image_pixels, "image")
+        _check_image_size(item.size, max_image_pixels, "image", max_image_side, max_aspect_ratio)
         return _check_not_empty(_pil_to_tensor(item, alpha, "image"), "image")
     if isinstance(item, np.ndarray):
         t = _numpy_to_tensor(item, value_range, alpha, "image")
@@ -352,37 +398,49 @@ def sample_frame_indices(
     raise RewardInputError(f"sampling must be 'uniform', 'center' or 'all', got {sampling!r}")
 
 
-def _decode_av(path: Path, indices_fn) -> tuple[np.ndarray, float | None]:
-    import av
+def uniform_clip_indices(total: int, num_frames: int) -> torch.Tensor:
+    """Uniform indices round(linspace(0, T-1, n)) in torch's float32 linspace; all frames when n >= T.
 
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        rate = float(stream.average_rate) if stream.average_rate else None
-        total = stream.frames
-        if not total:  # some containers (webm, gif) do not store a frame count: count packets first
-            total = sum(1 for pkt in container.demux(stream) if pkt.size)
-            container.seek(0)
-        wanted = indices_fn(total, rate)
-        keep = set(wanted)
-        frames: dict[int, np.ndarray] = {}
-        for i, frame in enumerate(container.decode(stream)):
-            if i in keep:
-                frames[i] = frame.to_ndarray(format="rgb24")
-            if i >= max(wanted):
-                break
-    missing = [i for i in wanted if i not in frames]
-    if missing:
-        raise MediaError(f"cannot decode frames {missing[:5]} of {path}: the file is truncated or corrupt")
-    return np.stack([frames[i] for i in wanted]), rate
+    The rule of the count-sampling video rewards (video-frames, temporal-consistency, motion, VideoAlign's
+    `num_frames`); `Reward.video_load_options` hands it to `read_video` so that a file decodes only these."""
+    if num_frames >= total:
+        return torch.arange(total)
+    return torch.linspace(0, total - 1, num_frames).round().long()
 
 
-def _decode_decord(path: Path, indices_fn) -> tuple[np.ndarray, float | None]:
-    import decord
+def _check_video_header(header: video_decode.VideoHeader, what: str, limits: dict[str, Any]) -> None:
+    """Refuse a clip from what its header declares, before a decoder allocates anything per frame."""
+    max_frames, max_seconds = limits["max_video_frames"], limits["max_video_seconds"]
+    if max_frames is not None and header.frames is not None and header.frames > max_frames:
+        raise video_decode.LimitExceeded(
+            f"{what}: the header declares {header.frames} frames, above max_video_frames={max_frames}; "
+            "a corrupt or hostile file, or pass a larger max_video_frames"
+        )
+    if max_seconds is not None and header.seconds is not None and header.seconds > max_seconds:
+        raise video_decode.LimitExceeded(
+            f"{what}: the header declares {header.seconds:.0f} s, above max_video_seconds={max_seconds:g}; "
+            "a corrupt or hostile file, or pass a larger max_video_seconds"
+        )
+    if max_frames is not None and header.frames is None and header.seconds and header.rate:
+        implied = header.seconds * header.rate  # what a decoder estimates when no count is stored
+        if implied > max_frames:
+            raise video_decode.LimitExceeded(
+                f"{what}: the header declares {header.seconds:.0f} s at {header.rate:g} fps = {implied:.0f} frames, "
+                f"above max_video_frames={max_frames}; pass a larger max_video_frames"
+            )
+    if header.width < 1 or header.height < 1:
+        raise MediaError(f"{what}: the header declares {header.width}x{header.height} frames (the file is corrupt)")
+    _check_image_size((header.width, header.height), limits["max_image_pixels"], what,
+                      limits["max_image_side"], limits["max_aspect_ratio"])
 
-    vr = decord.VideoReader(str(path), ctx=decord.cpu(0))
-    rate = float(vr.get_avg_fps()) or None
-    wanted = indices_fn(len(vr), rate)
-    return vr.get_batch(wanted).asnumpy(), rate
+
+def _check_decoded_size(n: int, header: video_decode.VideoHeader, max_decoded_pixels: int | None, what: str) -> None:
+    if max_decoded_pixels is not None and n * header.width * header.height > max_decoded_pixels:
+        raise video_decode.LimitExceeded(
+            f"{what}: {n} sampled frames of {header.width}x{header.height} are "
+            f"{n * header.width * header.height} pixels, above max_decoded_pixels={max_decoded_pixels}; "
+            "sample fewer frames (num_frames or fps), or pass a larger max_decoded_pixels"
+        )
 
 
 def read_video(
@@ -393,8 +451,21 @@ def read_video(
     sampling: Literal["uniform", "center", "all"] = "uniform",
     max_pixels: int | None = None,
     backend: Literal["auto", "av", "decord"] = "auto",
+    frame_indices: Callable[[int, float | None], list[int]] | None = None,
+    max_video_frames: int | None = MAX_VIDEO_FRAMES,
+    max_video_seconds: float | None = MAX_VIDEO_SECONDS,
+    max_decoded_pixels: int | None = MAX_DECODED_PIXELS,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    max_image_side: int | None = MAX_IMAGE_SIDE,
+    max_aspect_ratio: float | None = MAX_ASPECT_RATIO,
 ) -> torch.Tensor:
-    """Decode a video file to (T, 3, H, W) float in [0, 1], keeping only the sampled frames."""
+    """Decode a video file to (T, 3, H, W) float in [0, 1], upright, keeping only the sampled frames.
+
+    The header is probed with PyAV first (see `mmreward.video_decode`) and checked against the limits:
+    declared frames (`max_video_frames`), duration (`max_video_seconds`), frame size (the image caps), and the
+    sampled frames' total pixels (`max_decoded_pixels`); None turns a limit off. `frame_indices(total, rate)`
+    replaces num_frames/fps/sampling (a reward's own sampling rule). `max_pixels` downscales after decoding.
+    """
     p = Path(path)
     _check_exists(p, "video")
     backends = available_video_backends()
@@ -407,18 +478,39 @@ def read_video(
         raise MediaError(f"video backend '{backend}' is not installed (installed: {backends or 'none'})")
     else:
         order = [backend]
+    if "av" not in backends:  # the probe that makes decord safe is PyAV's
+        raise MediaError("reading video files needs PyAV to check their headers first: pip install av")
+    limits = {"max_video_frames": max_video_frames, "max_video_seconds": max_video_seconds,
+              "max_image_pixels": max_image_pixels, "max_image_side": max_image_side,
+              "max_aspect_ratio": max_aspect_ratio}
+    header = video_decode.probe(p)
+    _check_video_header(header, str(p), limits)
 
     def indices(total: int, rate: float | None) -> list[int]:
-        return sample_frame_indices(total, num_frames, fps=fps, source_fps=rate, sampling=sampling)
+        if total <= 0:
+            raise MediaError(f"{p}: video has no frames")
+        if frame_indices is not None:
+            wanted = [int(i) for i in frame_indices(total, rate)]
+        else:
+            wanted = sample_frame_indices(total, num_frames, fps=fps, source_fps=rate, sampling=sampling)
+        _check_decoded_size(len(wanted), header, max_decoded_pixels, str(p))
+        return wanted
 
     errors = []
     for name in order:
-        decode = _decode_decord if name == "decord" else _decode_av
         try:
-            frames, _ = decode(p, indices)
+            if name == "decord":
+                frames = video_decode.decode_decord(p, header, max_video_frames, indices)
+            else:
+                total = header.frames or video_decode.count_packets(p, max_video_frames)
+                if max_video_frames is not None and total > max_video_frames:
+                    raise video_decode.LimitExceeded(f"{p}: the file holds more than max_video_frames={max_video_frames} frames")
+                frames = video_decode.decode_av(p, total, header.rate, indices)
             break
         except (MediaError, RewardInputError) as exc:
             if isinstance(exc, RewardInputError):
+                raise
+            if isinstance(exc, video_decode.LimitExceeded):  # a limit holds for every decoder
                 raise
             errors.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - decoders raise their own zoo of exception types
@@ -447,6 +539,8 @@ def load_video(item: Any, value_range: ValueRange | None = None, **video_options
     source_fps = video_options.pop("source_fps", None)  # a file knows its own rate
     if isinstance(item, (str, os.PathLike)):
         return read_video(item, **video_options)
+    # file-only options (`frame_indices`, header limits) mean nothing to a clip already in memory
+    video_options.pop("frame_indices", None)
     if isinstance(item, np.ndarray):
         if item.ndim != 4:
             raise MediaError(f"video: numpy videos must be THWC, got shape {item.shape}")
@@ -495,16 +589,22 @@ def to_batch(
     device: torch.device | str | None = None,
     alpha: Alpha = "drop",
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    max_image_side: int | None = MAX_IMAGE_SIDE,
+    max_aspect_ratio: float | None = MAX_ASPECT_RATIO,
     **video_options: Any,
 ) -> MediaBatch:
     """Any accepted media -> a batch in the tensor convention (see module docstring).
 
     A single tensor is a batch when it has a batch axis: BCHW for images, BTCHW for videos; a CHW
-    tensor is one image. Lists may mix paths, PIL images, arrays and tensors. Image files and PIL
-    images above `max_image_pixels` are rejected (see `read_image`); `max_pixels` downscales videos.
+    tensor is one image. Lists may mix paths, PIL images, arrays and tensors. Image files, PIL images
+    and video frames above the size caps are rejected from their headers (see `read_image`, `read_video`,
+    which also lists the video limits); `max_pixels` downscales videos. An item that cannot be read, for
+    whatever reason, is a MediaError naming its index.
     """
     value_range = check_value_range(value_range)
     _check_max_image_pixels(max_image_pixels)
+    _check_size_options(max_image_side, max_aspect_ratio)
+    caps = {"max_image_pixels": max_image_pixels, "max_image_side": max_image_side, "max_aspect_ratio": max_aspect_ratio}
     if device is not None:
         from mmreward.devices import check_device
 
@@ -536,11 +636,20 @@ def to_batch(
                 kind = "video" if _is_video_path(item) or getattr(item, "ndim", 0) == 4 else "image"
             try:
                 if kind == "video":
-                    items.append(load_video(item, value_range, **video_options))
+                    items.append(load_video(item, value_range, **caps, **video_options))
+                elif _is_video_path(item) and Path(item).suffix.lower() != ".gif":  # a GIF is also an image
+                    raise MediaError(
+                        f"{item} is a video, and this reward scores images only; score videos frame by frame "
+                        "with mmreward.load('video-frames', image_reward='<this reward>', num_frames=8)"
+                    )
                 else:
-                    items.append(load_image(item, value_range, alpha, max_image_pixels))
+                    items.append(load_image(item, value_range, alpha, **caps))
             except MediaError as exc:
                 raise MediaError(f"media[{i}]: {exc}") from exc
+            except (RewardInputError, MissingExtraError):  # usage errors: not the item's fault
+                raise
+            except Exception as exc:  # noqa: BLE001 - whatever a decoder or a bad file raises is the item's failure
+                raise MediaError(f"media[{i}]: cannot read {item!s:.200}: {type(exc).__name__}: {exc}") from exc
         out = stack_if_same_size(items)
     if device is not None:
         out = out.to(device) if isinstance(out, torch.Tensor) else [t.to(device) for t in out]

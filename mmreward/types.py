@@ -157,6 +157,9 @@ class Reward(torch.nn.Module):
     card_fps: float | None = None
     card_fps_sampling: str = "uniform"  # how `mmreward.media.sample_frame_indices` turns the rate into frames
     clip_fps: float | None = None
+    # Video rewards that keep `num_frames` uniform frames of each clip (round(linspace(0, T-1, n)), see
+    # `mmreward.media.uniform_clip_indices`) set a `num_frames` attribute; a video file then decodes only
+    # those frames. No class default: `hasattr(reward, "num_frames")` says a reward samples by count.
 
     def __init__(self, *, micro_batch_size: int = 32) -> None:
         super().__init__()
@@ -266,18 +269,33 @@ class Reward(torch.nn.Module):
         `card_fps` keeps the frames its card samples: files at their own rate, clip tensors at `fps`
         (default `clip_fps`; without either a tensor keeps every frame)."""
         modality = self.modalities[0] if len(self.modalities) == 1 else "auto"
-        video_options: dict[str, Any] = {}
-        if self.card_fps is not None and "video" in self.modalities:
-            if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0):
-                raise RewardInputError(f"fps must be a number > 0 (the clips' frame rate), got {fps!r}")
-            video_options = {"fps": self.card_fps, "source_fps": fps if fps is not None else self.clip_fps,
-                             "sampling": self.card_fps_sampling}
         batch = media_io.to_batch(media, modality=modality, value_range=value_range, device=self.device,
-                                  alpha=self.media_alpha, **video_options)
+                                  alpha=self.media_alpha, **self.video_load_options(fps))
         dtype = torch.promote_types(self.dtype, torch.float32)
         if isinstance(batch, torch.Tensor):
             return batch.to(dtype)
         return [t.to(dtype) for t in batch]
+
+    def video_load_options(self, fps: float | None = None) -> dict[str, Any]:
+        """The `mmreward.media.to_batch` options that keep the frames this reward's card samples.
+
+        By time (`card_fps`): files at their own rate, clip tensors at `fps` (default `clip_fps`). By count
+        (`num_frames`): files decode only the card's uniform frames (the reward's own rule, so its later
+        subsampling keeps them all), instead of every frame of a clip that may hold thousands."""
+        if "video" not in self.modalities:
+            return {}
+        if self.card_fps is not None:
+            if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0):
+                raise RewardInputError(f"fps must be a number > 0 (the clips' frame rate), got {fps!r}")
+            return {"fps": self.card_fps, "source_fps": fps if fps is not None else self.clip_fps,
+                    "sampling": self.card_fps_sampling}
+        n = getattr(self, "num_frames", None)
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            def uniform(total: int, rate: float | None) -> list[int]:
+                return media_io.uniform_clip_indices(total, n).tolist()
+
+            return {"frame_indices": uniform}
+        return {}
 
     def score(
         self,

@@ -11,7 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from mmreward.errors import ConfigError, MediaError
 from mmreward.types import Reward, RewardOutput
+
+JPEG_MAX_SIDE = 65_500  # libjpeg's JPEG_MAX_DIMENSION: PIL raises a bare OSError above it
 
 
 def jpeg_size_kb(images: torch.Tensor | list[torch.Tensor], quality: int = 95) -> torch.Tensor:
@@ -25,6 +28,10 @@ def jpeg_size_kb(images: torch.Tensor | list[torch.Tensor], quality: int = 95) -
         return buf.tell() / 1000.0
 
     items = list(images)
+    for i, img in enumerate(items):
+        if max(img.shape[-2:]) > JPEG_MAX_SIDE:
+            raise MediaError(f"media[{i}]: image is {img.shape[-1]}x{img.shape[-2]}, a side above JPEG's limit of "
+                             f"{JPEG_MAX_SIDE}; downscale it first")
     if len(items) == 1:
         return torch.tensor([encode(items[0])])
     with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
@@ -38,8 +45,8 @@ class JpegCompressibility(Reward):
 
     def __init__(self, quality: int = 95, **kwargs) -> None:
         super().__init__(**kwargs)
-        if not 1 <= quality <= 100:
-            raise ValueError(f"quality must be in [1, 100], got {quality}")
+        if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
+            raise ConfigError(f"quality must be an int in [1, 100] (PIL's JPEG quality), got {quality!r}")
         self.quality = quality
 
     def _score(self, prompts, media):

@@ -26,16 +26,15 @@ from typing import Any
 import torch
 
 from mmreward.errors import RewardInputError
+from mmreward.media import uniform_clip_indices
 from mmreward.types import Reward, RewardOutput
 
 AGGREGATIONS = ("mean", "min", "topk")
 
 
 def sample_frame_indices(num_total: int, num_frames: int) -> torch.Tensor:
-    """Uniform indices round(linspace(0, T-1, n)); all frames when n >= T."""
-    if num_frames >= num_total:
-        return torch.arange(num_total)
-    return torch.linspace(0, num_total - 1, num_frames).round().long()
+    """Uniform indices round(linspace(0, T-1, n)); all frames when n >= T (the rule files are decoded with)."""
+    return uniform_clip_indices(num_total, num_frames)
 
 
 def aggregate(per_frame: torch.Tensor, how: str, k: int = 1, higher_is_better: bool = True) -> torch.Tensor:
