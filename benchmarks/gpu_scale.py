@@ -21,7 +21,7 @@ ImageReward (BLIP ViT-L/16 + BERT-base) and Qwen2.5-VL-7B (VQAScore) from their 
 one layer each, because prompts are encoded once and cached and no timed region runs them. Wan 2.1 T2V 1.3B
 (30 blocks, 12 heads x 128, its real 3-D VAE, one UMT5 layer of width 4096) runs at its published 81 frames
 of 480x832 through benchmarks/rl_step_video.py: rollout vs WanPipeline sampling and trainer vs bare step
-(batch 1), plus the peak memory of one trainer step at 21, 41 and 81 frames. `--geometry reduced` (the default on CPU) keeps
+(batch 2, the smallest GRPO group), plus the peak memory of one trainer step at 21, 41 and 81 frames. `--geometry reduced` (the default on CPU) keeps
 the same code paths with tiny widths and depths at a small resolution; the test suite runs it.
 
     python benchmarks/gpu_scale.py --geometry real --device cuda --json gpu_scale.json           # all families
@@ -364,11 +364,11 @@ def bench_wan(args: argparse.Namespace, tmp: Path, report: dict[str, Any], save:
     folder = build_wan21(real, args.device, args.dtype, tmp)
     argv = ["--pretrained", folder, "--device", str(args.device), "--dtype", "bf16" if args.dtype == torch.bfloat16
             else "fp32", "--frames", str(geo["frames"]), "--height", str(geo["height"]), "--width", str(geo["width"]),
-            "--batch", "1" if real else str(args.batch), "--steps", str(args.steps), "--guidance", str(args.guidance),
+            "--batch", "2" if real else str(args.batch), "--steps", str(args.steps), "--guidance", str(args.guidance),
             "--repeats", str(args.repeats), "--mem-frames", geo["mem_frames"],
             "--mem-sizes", f"{geo['height']}x{geo['width']}", "--max-sequence-length", "226" if real else "16"]
     vargs = rl_step_video.parse_args(argv)
-    items = 1 if real else args.batch
+    items = 2 if real else args.batch  # 2: the smallest GRPO group (group_size >= 2)
     torch.manual_seed(0)  # as rl_step_video.run seeds
     overheads = rl_step_video.overheads(folder, rl_step_video._pipeline(folder, vargs), vargs, tmp)
     report["rows"].extend(_row("wan21", r["measure"], r["ours"], r["base"], items, r["ours_s"], r["base_s"],
