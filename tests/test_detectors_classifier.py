@@ -8,6 +8,7 @@ import torch
 import mmreward
 from mmreward.errors import RewardInputError
 from mmreward.models.classifier import imagenet_categories, resolve_class
+from tests.parity_record import record_parity
 
 skimage_data = pytest.importorskip("skimage.data")
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field"]
@@ -32,7 +33,10 @@ def test_resolve_class_from_prompts():
         resolve_class(1000)
 
 
+@pytest.mark.parity
 def test_matches_torchvision_reference_pipeline(reward):
+    """torchvision's own eval transforms of MobileNet_V2_Weights.IMAGENET1K_V1 and the same network."""
+    import torchvision
     from torchvision.models import MobileNet_V2_Weights
 
     images = [torch.from_numpy(getattr(skimage_data, n)()).permute(2, 0, 1) for n in ("coffee", "chelsea")]
@@ -43,6 +47,9 @@ def test_matches_torchvision_reference_pipeline(reward):
         batch = torch.stack([reference_tf(img.float() / 255) for img in images])
         logp = torch.log_softmax(reward.model(batch), dim=-1)
     expected = logp[[0, 1], [resolve_class("espresso"), resolve_class("Egyptian cat")]]
+    record_parity("imagenet-classifier", original=f"torchvision=={torchvision.__version__} MobileNet_V2_Weights."
+                  "IMAGENET1K_V1.transforms()", how="package", actual=ours, expected=expected, cases=("RGB", "odd size"),
+                  not_checked="the reference resizes float tensors (torchvision's tensor path), not PIL images")
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
 
 

@@ -8,6 +8,8 @@ import torch
 
 import mmreward
 from mmreward.errors import ConfigError
+from tests.parity_record import record_parity
+from tests.tolerances import assert_close_scaled
 
 skimage_data = pytest.importorskip("skimage.data")
 pytest.importorskip("facenet_pytorch")
@@ -43,6 +45,33 @@ def test_finds_the_astronauts_face_and_none_in_coffee(reward):
     nudenet_face = (173, 82, 173 + 102, 82 + 98)  # NudeNet 320n's FACE_FEMALE box, x y w h -> x1 y1 x2 y2
     ours = tuple(2 * v for v in face.box)
     assert _iou(ours, nudenet_face) > 0.5, ours
+
+
+@pytest.mark.parity
+def test_scores_match_facenet_pytorch_mtcnn_on_pil_images(reward):
+    """facenet-pytorch's own `MTCNN(keep_all=True).detect` on PIL images (its uint8 path), same weights and
+    thresholds: the best face probability and the count of faces at >= 0.9, per photo."""
+    from importlib.metadata import version
+
+    from facenet_pytorch import MTCNN
+    from PIL import Image
+
+    photos = [skimage_data.astronaut()[::2, ::2], skimage_data.coffee()[:301, :451], skimage_data.chelsea()]
+    original = MTCNN(keep_all=True, select_largest=False)
+    want_best, want_count = [], []
+    for img in photos:
+        _, probs = original.detect(Image.fromarray(np.ascontiguousarray(img)))
+        probs = np.zeros(0) if probs is None or probs[0] is None else np.asarray(probs, dtype=np.float64)
+        want_best.append(float(probs.max()) if len(probs) else 0.0)
+        want_count.append(float((probs >= 0.9).sum()))
+    out = reward.score(None, [torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1) for img in photos])
+    ours = torch.cat([out.details["best_face_prob"], out.details["face_count"]])
+    want = torch.tensor(want_best + want_count)
+    record_parity("face-mtcnn", original=f"facenet-pytorch=={version('facenet-pytorch')} MTCNN.detect", how="package",
+                  actual=ours, expected=want, cases=("RGB", "odd size"),
+                  not_checked="grayscale/RGBA: MTCNN.detect takes RGB images")
+    assert want_best[0] > 0.95 and want_count[1] == 0  # the comparison sees a face and an image without one
+    assert_close_scaled(ours, want, rel=1e-5)
 
 
 def test_checkpoint_folder_in_the_official_layout(tmp_path, reward):

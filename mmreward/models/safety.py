@@ -7,6 +7,8 @@
   exposed-body-part class over all anchors (a continuous version of "some unsafe box was detected").
   Preprocessing is the package's, batched in torch: pad bottom/right to a square, bilinear resize to
   320, [0, 1]; channel order as the package feeds images read from files (BGR).
+  Deviation: cv2's resize rounds the 8-bit pixels, ours keeps floats; on real photos the class scores
+  differ from the package's by up to ~0.01 (tests/test_detectors_safety.py records it for docs/parity.md).
 
 `details["nsfw_prob"]` holds P(NSFW) and `details["unsafe"]` whether it exceeds `threshold`
 (Yahoo's guidance: below 0.2 safe, above 0.8 unsafe).
