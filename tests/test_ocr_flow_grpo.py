@@ -20,6 +20,7 @@ import torch
 
 import mmreward
 from mmreward.errors import CheckpointError, RewardInputError
+from tests.parity_record import record_parity
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("cv2")
@@ -157,6 +158,12 @@ CASES = [
 ]
 
 
+FLOW_GRPO_OCR = "yifan123/flow_grpo@ac4c86e ocr.py + paddleocr==2.9.1 (transcribed)"
+NOT_CHECKED_OCR = ("the recognition network itself on real text (PaddleOCR 2.9.1 needs paddlepaddle, not installable "
+                   "here); the default PP-OCRv5 pipeline (not Flow-GRPO's) against PaddleOCR 3.x")
+
+
+@pytest.mark.parity
 @pytest.mark.parametrize("prompt, lines", CASES)
 def test_filter_and_reward_match_flow_grpo(preset_reward, monkeypatch, prompt, lines):
     engine = preset_reward.engine
@@ -167,6 +174,8 @@ def test_filter_and_reward_match_flow_grpo(preset_reward, monkeypatch, prompt, l
     ours = preset_reward.score([prompt], torch.rand(1, 3, 40, 40)).scores
     expected = _ref_flow_grpo_reward(_ref_text_system_filter(lines, PADDLE_291["drop_score"]), prompt)
     assert ours.shape == (1,)
+    record_parity("ocr (flow_grpo preset): reward", original=FLOW_GRPO_OCR, how="transcribed", actual=ours,
+                  expected=[expected], cases=("canned recognitions",), not_checked=NOT_CHECKED_OCR)
     assert abs(float(ours[0]) - expected) <= 1e-6 * max(1.0, abs(expected))
 
 
@@ -178,6 +187,7 @@ def test_flow_grpo_targets_that_the_original_crashes_on_are_typed_errors(preset_
         preset_reward.score(['an empty "" target'], image)
 
 
+@pytest.mark.parity
 def test_network_sees_rgb_resized_as_291(preset_reward, monkeypatch):
     """The detector's input is NormalizeImage(DetResizeForTest(img)) on the RGB array as given (flow_grpo)."""
     import cv2
@@ -204,6 +214,8 @@ def test_network_sees_rgb_resized_as_291(preset_reward, monkeypatch):
     ref = ((ref * (1.0 / 255.0) - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225]))
     ref = ref.transpose(2, 0, 1)[None].astype(np.float32)
     assert seen[0].shape == ref.shape
+    record_parity("ocr (flow_grpo preset): detector input", original=FLOW_GRPO_OCR, how="transcribed",
+                  actual=seen[0], expected=ref, cases=("RGB", "odd size"), not_checked=NOT_CHECKED_OCR)
     np.testing.assert_allclose(seen[0], ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
 
 
