@@ -204,8 +204,8 @@ def check_tensors(state: Mapping[str, Any], where: Path) -> None:
 def check_iterations(state: Mapping[str, Any], where: Path, iterations: int | None) -> None:
     """A run resumes only from a checkpoint it has not passed: iteration <= train.iterations."""
     if iterations is not None and state["iteration"] > iterations:
-        raise _bad(where, "iteration", f"is {state['iteration']}, beyond this run's train.iterations={iterations}; "
-                                       "raise train.iterations or resume from an earlier checkpoint")
+        raise CheckpointError(f"{where}: 'iteration' is {state['iteration']}, beyond this run's train.iterations="
+                              f"{iterations}; raise train.iterations or resume from an earlier checkpoint")
 
 
 def check_against_run(state: Mapping[str, Any], where: Path, names: list[str],

@@ -170,7 +170,6 @@ def find_resume(value: str, out_dir: Path, run_id: str | None = None, *,
     for path in reversed(found):
         try:
             state = read_checkpoint(path)
-            checks.check_iterations(state, path, iterations)
         except CheckpointError as exc:
             warnings.warn(f"train.resume_from='latest': skipping {path}, which is incomplete or corrupt ({exc})",
                           stacklevel=2)
@@ -178,6 +177,11 @@ def find_resume(value: str, out_dir: Path, run_id: str | None = None, *,
         if run_id is not None and state.get("run_id") not in (None, run_id):
             warnings.warn(f"train.resume_from='latest': skipping {path}, saved by another run ({state['run_id']}, "
                           f"this folder's run is {run_id})", stacklevel=2)
+            continue
+        try:
+            checks.check_iterations(state, path, iterations)
+        except CheckpointError as exc:
+            warnings.warn(f"train.resume_from='latest': skipping {path} ({exc})", stacklevel=2)
             continue
         return path, state
     raise ConfigError(f"train.resume_from='latest' but {root} holds no complete checkpoint; "
