@@ -85,6 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USAGE_ERRORS as exc:
         print(f"diffusion-rl {args.command}: {one_line(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        from mmreward.output_paths import is_write_error, output_error
+
+        if not is_write_error(exc, disk_only=True):
+            raise
+        # a full disk (or a read-only mount) while writing checkpoints/metrics: one line; resume_from=latest continues
+        print(f"diffusion-rl {args.command}: {one_line(output_error(exc, 'log.output_dir'))}", file=sys.stderr)
+        return 2
     if trainer.accelerator.is_main_process:
         evals = [h for h in history if any(k.startswith("eval/") for k in h)]
         if len(evals) >= 2:

@@ -38,6 +38,9 @@ def choose_output_dir(folder: Path, *, resuming: bool, overwrite: bool, new_run_
     """The folder a run writes to; raises a ConfigError when a new run would mix with an earlier one."""
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"log.output_dir: {folder} is a file, not a folder; choose another log.output_dir")
+    from mmreward.output_paths import check_output_folder
+
+    check_output_folder(folder, "log.output_dir")  # under a file, or read-only: before any model is loaded
     if resuming or not _entries(folder):
         return folder
     if new_run_suffix:

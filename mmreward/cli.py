@@ -51,8 +51,15 @@ def run_main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error already printed (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    from mmreward.output_paths import is_write_error, output_error
+
     try:
-        return dispatch(args)
+        try:
+            return dispatch(args)
+        except OSError as exc:  # a full disk or a read-only mount wherever a command writes: one line, not a traceback
+            if not is_write_error(exc, disk_only=True):
+                raise
+            raise output_error(exc, "output") from None
     except MMRewardError as exc:
         command = getattr(args, "command", None)
         print(f"{prog}{' ' + command if command else ''}: error: {one_line(exc)}", file=sys.stderr)
@@ -276,6 +283,9 @@ def _check_out(out: str | None) -> None:
         raise ConfigError(f"--out {out}: folder {parent} does not exist; create it first (mkdir -p {parent})")
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"--out {out}: folder {parent} is not writable; pick another path")
+    from mmreward.output_paths import check_output_folder
+
+    check_output_folder(parent, f"--out {out}: folder")  # os.access says yes to root on a read-only mount
 
 
 def _image_cap(args: argparse.Namespace) -> dict[str, int]:
@@ -288,8 +298,10 @@ def _image_cap(args: argparse.Namespace) -> dict[str, int]:
 
 def _load_reward(args: argparse.Namespace):
     import mmreward
+    from mmreward.registry import refuse_load_arguments
 
     options = _options(args.option)
+    refuse_load_arguments(options, f"--option {' '.join(args.option)}", "use --checkpoint, --device, --dtype or --weights")
     try:
         return mmreward.load(args.reward, checkpoint=args.checkpoint, device=args.device, dtype=args.dtype,
                              weights=args.weights, **options)
@@ -452,17 +464,24 @@ def cmd_score(args: argparse.Namespace) -> int:
     jobs = _shard(_iter_jobs(args), rank, world)
     out_path = args.out if world == 1 else (f"{args.out or 'mmreward-scores.jsonl'}.rank{rank}.part")
     failed = 0
-    with ExitStack() as stack:
-        # parts are JSONL; rank 0 writes the final format
-        writer = _Writer(out_path if world > 1 else args.out, stack, jsonl=world > 1)
-        bar = stack.enter_context(tqdm(desc=f"scoring [{rank}/{world}]" if world > 1 else "scoring", unit="item",
-                                       disable=args.no_progress, file=sys.stderr))
-        for batch in _batched(jobs, args.batch_size):
-            for row in _score_batch(reward, batch, **media_options):
-                failed += row["error"] is not None
-                writer.write(row)
-            bar.update(len(batch))
-        writer.close()
+    from mmreward.output_paths import is_write_error, output_error
+
+    try:
+        with ExitStack() as stack:
+            # parts are JSONL; rank 0 writes the final format
+            writer = _Writer(out_path if world > 1 else args.out, stack, jsonl=world > 1)
+            bar = stack.enter_context(tqdm(desc=f"scoring [{rank}/{world}]" if world > 1 else "scoring", unit="item",
+                                           disable=args.no_progress, file=sys.stderr))
+            for batch in _batched(jobs, args.batch_size):
+                for row in _score_batch(reward, batch, **media_options):
+                    failed += row["error"] is not None
+                    writer.write(row)
+                bar.update(len(batch))
+            writer.close()
+    except OSError as exc:  # items' own read errors are recorded per row; what is left here is the output's
+        if not is_write_error(exc) or not args.out:
+            raise
+        raise output_error(exc, f"--out {args.out}") from None
     if world > 1:
         failed = _merge_parts(state, args.out, world, failed)
     if failed:

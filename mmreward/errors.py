@@ -85,3 +85,8 @@ class DeviceError(ConfigError, CheckpointError):
 
     Also a CheckpointError because loading raised that for an unavailable CUDA before this type existed.
     """
+
+
+class OutputError(ConfigError):
+    """An output path that cannot be written: a file where a folder is needed, a folder under a file, a
+    read-only folder, a full disk. The message names the flag or config key and what to do."""

@@ -66,21 +66,43 @@ class PromptList(list):
         return out
 
 
+def read_utf8(path: Path, where: str) -> str:
+    """A prompt file's text; bytes that are not UTF-8 are a ConfigError naming the line, not a UnicodeDecodeError."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{where}: {path} line {line} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "re-save the file as UTF-8") from None
+
+
+def check_text(text: str, where: str) -> str:
+    """A prompt that can be encoded (tokenizers, HTTP judges need UTF-8): a lone surrogate is refused at read."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{where}: the text holds a lone surrogate {text[exc.start]!r} at character {exc.start}, "
+                          "which is not valid Unicode; fix the record (e.g. a pair of \\ud83d\\ude00 escapes, "
+                          "not one)") from None
+    return text
+
+
 def _row(value: Any, where: str, base_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
     from mmreward.edit import edit_row, is_edit_row
 
     if is_edit_row(value):  # an image edit: the instruction bound to its source image
         return edit_row(value, where, base_dir)
     if isinstance(value, str):
-        return value, {}
+        return check_text(value, where), {}
     if isinstance(value, Mapping) and isinstance(value.get("prompt"), str):
-        return value["prompt"], {k: v for k, v in value.items() if k != "prompt"}
+        return check_text(value["prompt"], where), {k: v for k, v in value.items() if k != "prompt"}
     raise ConfigError(f"{where}: expected a prompt string or a {{\"prompt\": str, ...}} row, got {value!r}")
 
 
 def _read_jsonl(path: Path, where: str) -> PromptList:
     prompts, metadata = [], []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(read_utf8(path, where).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -117,7 +139,7 @@ def _read_file(path: Path, where: str) -> PromptList:
     """A .jsonl file of {"prompt", <metadata>} rows, or a text file with one prompt per line."""
     if path.suffix == ".jsonl":
         return _read_jsonl(path, where)
-    return PromptList([line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
+    return PromptList([line.strip() for line in read_utf8(path, where).splitlines() if line.strip()])
 
 
 def describe_remote(source: PromptSource, where: str) -> str | None:

@@ -34,6 +34,7 @@ from mmreward.checkpoints import import_object, parse_source, read_json, resolve
 from mmreward.errors import (
     CardOptionError,
     CheckpointError,
+    ConfigError,
     MMRewardError,
     UnknownOptionError,
     UnknownRewardError,
@@ -41,6 +42,17 @@ from mmreward.errors import (
 from mmreward.types import Reward, RewardSpec
 
 CARD_FILE = "mmreward.json"
+# load()'s own arguments: an options mapping that names one would pass it twice (a bare TypeError)
+LOAD_ARGUMENTS = ("checkpoint", "device", "dtype", "weights")
+
+
+def refuse_load_arguments(options: dict[str, Any], where: str, fix: str,
+                          arguments: tuple[str, ...] = LOAD_ARGUMENTS) -> None:
+    """A ConfigError when a loader-options mapping names one of load()'s own arguments, saying where they go."""
+    clash = [k for k in arguments if k in options]
+    if clash:
+        raise ConfigError(f"{where} sets {clash}, which are arguments of mmreward.load itself, not loader "
+                          f"options; {fix}")
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
@@ -400,7 +412,12 @@ def _load_spec(spec: RewardSpec, tag: str | None, checkpoint: str | os.PathLike 
             )
     if checkpoint is not None:
         checkpoint = os.fspath(checkpoint)
-    reward = _call_checked(resolve_loader(spec), f"reward '{spec.name}'", (checkpoint,), {"weights": weights}, options)
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        reward = _call_checked(resolve_loader(spec), f"reward '{spec.name}'", (checkpoint,), {"weights": weights}, options)
+    except HFValidationError as exc:  # a string that is no hub id reached from_pretrained/hf_hub_download
+        raise CheckpointError(f"reward '{spec.name}': {exc} Pass an existing folder or a hub id 'org/name'.") from None
     if not isinstance(reward, Reward):
         raise CheckpointError(f"the loader of reward '{spec.name}' returned a {type(reward).__name__}, not a Reward")
     return _finalize(reward, device, dtype, attention)

@@ -269,8 +269,9 @@ def prepare_request(payload: dict, route: str, reward: Reward, *, max_items: int
             raise BadRequestError(f"/{route}: missing {key!r}; the body takes 'prompts' and {list(keys)}")
         obj = payload[key]
         shape = obj.get("shape") if isinstance(obj, dict) else None
-        if isinstance(shape, list) and shape and type(shape[0]) is int and shape[0] > max_items:
-            # before decoding: the item count alone decides
+        if isinstance(shape, list) and len(shape) in (4, 5) and type(shape[0]) is int and shape[0] > max_items:
+            # before decoding: the item count alone decides; a shape that is no image/video batch (e.g. 1-D)
+            # is a malformed request (400 from validate_media), not a large one
             raise RequestTooLargeError(f"request has {shape[0]} items; max_request_items={max_items}. "
                                        "Split it into smaller requests.")
         tensors.append(validate_media(decode_tensor(obj, key), key, reward))

@@ -108,7 +108,10 @@ def _prompts(args) -> list[str]:
         path = Path(args.prompts_file)
         if not path.is_file():
             raise ConfigError(f"--prompts-file: {path} is not a file")
-        prompts += [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        from mmreward.prompt_sources import check_text, read_utf8
+
+        prompts += [check_text(line.strip(), f"--prompts-file {path} line {i}")
+                    for i, line in enumerate(read_utf8(path, "--prompts-file").splitlines(), 1) if line.strip()]
     if not prompts:
         raise ConfigError("give at least one prompt with --prompt TEXT or --prompts-file FILE")
     return prompts

@@ -98,6 +98,11 @@ class RewardObjective:
         terms = []
         for name, weight in weights.items():
             opts = dict(options.get(name, {}))
+            from mmreward.registry import refuse_load_arguments
+
+            # device, dtype and weights are the run's; checkpoint stays a per-reward option
+            refuse_load_arguments(opts, f"reward options of '{name}'", "the run sets device, dtype and weights "
+                                  "for every reward", ("device", "dtype", "weights"))
             if reward_weights == "random":
                 opts = {**get_spec(name.split(":")[0]).tiny_options, **opts}
             reward = mmreward.load(name, device=device, dtype=dtype, weights=reward_weights, **opts)

@@ -90,6 +90,10 @@ def reward_from_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> RewardC
     if not isinstance(options, dict):
         raise ConfigError(f"{trainer} reward kwargs: options must be a mapping of loader options, "
                           f"got {type(options).__name__}")
+    from mmreward.registry import refuse_load_arguments
+
+    refuse_load_arguments(options, f"{trainer} reward kwargs: options", "set them as reward kwargs beside "
+                          "options (e.g. device: cuda), not inside it")
     try:
         options_json = json.dumps(dict(options), sort_keys=True)
     except TypeError as exc:

@@ -79,8 +79,10 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, path in (("--data", args.data), ("--validation", args.validation), ("--media-root", args.media_root)):
         if path is not None and not Path(path).exists():
             raise ConfigError(f"{flag} {path} does not exist; pass the benchmark's file or folder as published")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"--out {args.out} is a file; pass a folder for run.jsonl and the results card")
+    from mmreward.output_paths import check_output_folder
+
+    # a file, a folder under a file, a read-only place: one line now, not a traceback after loading the model
+    check_output_folder(args.out, "--out")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.num_frames is not None and args.num_frames < 1:
@@ -99,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     options = parse_key_values(args.option, "--option")
     load_options = parse_key_values(args.load_option, "--load-option", as_json=True)
+    from mmreward.registry import refuse_load_arguments
+
+    # dtype has no flag here, so it may go through --load-option
+    refuse_load_arguments(load_options, "--load-option", "use --checkpoint, --device or --weights",
+                          ("checkpoint", "device", "weights"))
     if args.validation:
         options["validation"] = args.validation
     if args.perspective:
@@ -138,9 +145,16 @@ def run(args: argparse.Namespace) -> int:
             info["reward"] = name
     if args.num_frames is not None:
         info["num_frames"] = args.num_frames
-    results = run_benchmark(args.benchmark, args.data, args.out, policy=policy, media_root=args.media_root,
-                            options=options, orders=_orders(args.orders), batch_size=args.batch_size,
-                            progress=not args.quiet, run_info=info, **kwargs)
+    from mmreward.output_paths import is_write_error, output_error
+
+    try:
+        results = run_benchmark(args.benchmark, args.data, args.out, policy=policy, media_root=args.media_root,
+                                options=options, orders=_orders(args.orders), batch_size=args.batch_size,
+                                progress=not args.quiet, run_info=info, **kwargs)
+    except OSError as exc:
+        if not is_write_error(exc):
+            raise
+        raise output_error(exc, f"--out {args.out}") from None  # e.g. a full disk while writing run.jsonl
     print(json.dumps({k: v.to_json() for k, v in results.metrics.items()}, indent=2))
     print(f"results card: {args.out}/results.md")
     n_failed = results.counts.get("failed_items", 0)
