@@ -121,9 +121,15 @@ class TransformersBackend(JudgeBackend):
     supports_prefix_lists = True  # choice_probs takes one forced prefix per request
 
     def __init__(self, model, processor, *, min_pixels: int | None = None, max_pixels: int | None = None,
-                 max_new_tokens: int = 1024) -> None:
+                 max_new_tokens: int = 1024, resize: str = "float") -> None:
+        """`resize`: "8-bit" resizes as the originals' qwen_vl_utils does, Pillow's bicubic on the image's 8-bit
+        values and torchvision's bicubic on uint8 video frames (the UnifiedReward / VideoScore2 judges use it);
+        "float" resizes [0, 1] floats (pixel values up to ~0.02 apart from qwen_vl_utils')."""
+        if resize not in ("8-bit", "float"):
+            raise RewardInputError(f"resize must be '8-bit' or 'float', got {resize!r}")
         self.model = model
         self.processor = processor
+        self.resize = resize
         # None: qwen_vl_utils' defaults for the medium (`qwen_default_pixels`), as the originals' scripts use
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
         self.max_new_tokens = max_new_tokens
@@ -170,6 +176,7 @@ class TransformersBackend(JudgeBackend):
                 self.processor, [r.text for r in requests], media, kind=kind, min_pixels=min_pixels,
                 max_pixels=max_pixels, suffixes=suffixes, media_per_item=max(per_item, 1),
                 system=requests[0].system, media_labels=requests[0].media_labels,
+                resize="float" if self.resize == "float" else "torchvision" if kind == "video" else "pillow",
             )
         finally:
             tok.padding_side = old

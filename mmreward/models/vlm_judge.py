@@ -36,7 +36,8 @@ Decoding and media follow each original's inference code by default (options res
   them (`unifiedreward_frame_indices`; point_score_APS_video_generation.py @ ff6f520); `video_frames=0` sends
   one video. Not reproduced: the original writes each frame as a JPEG (cv2, quality 95) first; we send pixels.
 - Pixels: unset `min_pixels`/`max_pixels` follow qwen_vl_utils' defaults per medium (images 4..16384 patches
-  of 28x28, video frames 128..768), the originals' native resolution.
+  of 28x28, video frames 128..768), the originals' native resolution; resized as qwen_vl_utils resizes, on
+  8-bit values (Pillow's bicubic for images, torchvision's for video frames), not on floats.
 
 Template text is the official one, verbatim (pass `pointwise_template=`/`pairwise_template=` to change it):
 - UnifiedReward pointwise: CodeGoat24/UnifiedReward (commit ff6f520)
@@ -391,8 +392,9 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
     processor = _qwen_vl.load_processor(checkpoint)
     model = (_qwen_vl.vlm_from_config(_qwen_vl.load_config(checkpoint)) if weights == "random"
              else _qwen_vl.load_vlm(checkpoint))
+    # the judges' originals resize 8-bit images with qwen_vl_utils (tests/test_parity_vlm_judges.py)
     return TransformersBackend(model, processor, min_pixels=min_pixels, max_pixels=max_pixels,
-                               max_new_tokens=max_new_tokens)
+                               max_new_tokens=max_new_tokens, resize="8-bit" if qwen_pixels else "float")
 
 
 _BACKEND_KEYS = ("backend", "base_url", "api_key", "tiny", "min_pixels", "max_pixels", "max_new_tokens", "timeout",
