@@ -48,6 +48,7 @@ class Family:
     build: Callable[[Path, dict], dict]  # (workdir, images) -> runner spec (checkpoint paths, prompts ...)
     ours: Callable[[dict], np.ndarray]  # spec -> our scores, same shape as the runner's
     rel: float  # tolerance: max |ours - package| / max |package|
+    no_build_isolation: list[str] = field(default_factory=list)  # sdists built against the venv's own torch
     not_checked: str = ""
     columns: list[str] = field(default_factory=lambda: ["score"])
 
@@ -165,6 +166,76 @@ def ours_hpsv3(spec: dict) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------
+# ImageReward (THUDM/ImageReward, pip image-reward==1.5)
+# ------------------------------------------------------------------------------------------------
+def _redraw(sd: dict, seed: int) -> dict:
+    """Well-scaled random values, so that every part of the network moves the score."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in sd.items():
+        if not v.is_floating_point():
+            out[k] = v
+        elif v.ndim >= 2:
+            scale = 0.5 if "embed" in k else v[0].numel() ** -0.5
+            out[k] = torch.randn(v.shape, generator=g) * scale
+        elif k.endswith("weight"):
+            out[k] = 1 + 0.1 * torch.randn(v.shape, generator=g)
+        else:
+            out[k] = 0.1 * torch.randn(v.shape, generator=g)
+    return out
+
+
+def _hub_cache(home: Path, repo: str, folder: Path, names: list[str]) -> None:
+    """A Hugging Face hub cache entry for `repo` holding files of `folder`, so that offline
+    `from_pretrained(repo)` finds them (the layout huggingface_hub writes: refs/main -> snapshots/<rev>)."""
+    entry = home / "hub" / f"models--{repo.replace('/', '--')}"
+    rev = "0" * 40
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text(rev)
+    snap = entry / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for n in names:
+        (snap / n).write_bytes((folder / n).read_bytes())
+
+
+def build_imagereward(work: Path, images: list[str]) -> dict:
+    """The package builds BLIP ViT-L/16 and a 768-wide MLP whatever the file holds, so the vision tower has
+    the official geometry (random, 303M parameters); the BERT text encoder is 2 layers (from med_config)."""
+    import torch
+
+    from mmreward.models.image_reward import ImageRewardModel
+    from mmreward.tokenizers import build_bert_tokenizer
+
+    folder = work / "imagereward-ckpt"
+    tok = build_bert_tokenizer(folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))  # what BertTokenizer reads
+    tok.add_special_tokens({"bos_token": "[DEC]"})
+    tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    med = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+           "hidden_dropout_prob": 0.1, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+           "max_position_embeddings": 512, "model_type": "bert", "pad_token_id": 0, "type_vocab_size": 2,
+           "vocab_size": len(tok), "encoder_width": 1024, "add_cross_attention": True, "hidden_size": 768,
+           "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 12}
+    (folder / "med_config.json").write_text(json.dumps(med))
+    vit = {"image_size": 224, "patch_size": 16, "embed_dim": 1024, "depth": 24, "num_heads": 16}
+    sd = _redraw(ImageRewardModel(vit, med).state_dict(), seed=31)
+    torch.save(sd, folder / "ImageReward.pt")
+    home = work / "hf-home"
+    _hub_cache(home, "bert-base-uncased", folder, ["vocab.txt", "tokenizer_config.json"])
+    return {"checkpoint": str(folder / "ImageReward.pt"), "med_config": str(folder / "med_config.json"),
+            "images": images, "prompts": PROMPTS[: len(images)], "env": {"HF_HOME": str(home)}}
+
+
+def ours_imagereward(spec: dict) -> np.ndarray:
+    import mmreward
+
+    reward = mmreward.load("imagereward", checkpoint=str(Path(spec["checkpoint"]).parent))
+    return reward.score(spec["prompts"], spec["images"]).scores.double().numpy()
+
+
+# ------------------------------------------------------------------------------------------------
 # the families, in priority order
 # ------------------------------------------------------------------------------------------------
 FAMILIES: dict[str, Family] = {
@@ -176,6 +247,16 @@ FAMILIES: dict[str, Family] = {
         no_deps=["hpsv3==1.0.0"],
         build=build_hpsv3, ours=ours_hpsv3, rel=2e-5, columns=["mu", "sigma"],
         not_checked="bf16 on GPU (the package runs bf16; both keep the head in fp32)",
+    ),
+    "imagereward": Family(
+        name="imagereward", original="image-reward==1.5 (timm==0.6.13, transformers==4.30.2, fairscale==0.4.13)",
+        no_deps=["image-reward==1.5", "openai-clip==1.0.1"],
+        # timm 0.6.13 is the package's own pin; transformers 4.30.2 is of its release (its med.py imports
+        # helpers that transformers 5 removed); setuptools<70 keeps pkg_resources for openai-clip
+        install=["setuptools<70", "wheel", "timm==0.6.13", "transformers==4.30.2"],
+        no_build_isolation=["fairscale==0.4.13"],
+        build=build_imagereward, ours=ours_imagereward, rel=1e-5,
+        not_checked="ReFL.py (fine-tuning script) not imported; batch ranking (inference_rank) not compared",
     ),
 }
 
@@ -192,7 +273,7 @@ def ensure_venv(fam: Family, root: Path, log: Callable[[str], None]) -> Path:
     """The family's venv, made once per install spec (a stamp holds its hash); returns its python."""
     venv = root / fam.name
     py = venv / "bin" / "python"
-    want = hashlib.sha256(json.dumps([fam.install, fam.no_deps, sys.prefix]).encode()).hexdigest()[:16]
+    want = hashlib.sha256(json.dumps([fam.install, fam.no_deps, fam.no_build_isolation, sys.prefix]).encode()).hexdigest()[:16]
     stamp = venv / ".mmreward-parity-stamp"
     if stamp.exists() and stamp.read_text().strip() == want and py.exists():
         return py
@@ -208,6 +289,8 @@ def ensure_venv(fam: Family, root: Path, log: Callable[[str], None]) -> Path:
         # pip sees this project's packages through the .pth: it installs only what the pins need, into the
         # venv, and never touches a package outside it ("Not uninstalling ..., outside environment")
         _pip([*pip, *fam.install])
+    if fam.no_build_isolation:  # an isolated build would download a torch of its own (GBs)
+        _pip([*pip, "--no-build-isolation", *fam.no_build_isolation])
     stamp.write_text(want + "\n")
     return py
 
@@ -252,6 +335,10 @@ def check_family(fam: Family, venv_root: Path, work: Path, images: list[str], ti
         theirs = run_package(py, fam, spec_path, timeout)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         return {**result, "status": "package failed", "reason": str(e)[-1500:], "seconds": time.time() - t0}
+    bad_keys = theirs.get("missing_keys", []) + theirs.get("unexpected_keys", [])
+    if bad_keys:  # a package that loads non-strictly would otherwise score with random tensors
+        return {**result, "status": "package failed", "reason": f"checkpoint keys not matched: {bad_keys[:10]}",
+                "seconds": time.time() - t0}
     expected = np.asarray(theirs["scores"], dtype=np.float64)
     actual = np.asarray(fam.ours(spec), dtype=np.float64).reshape(expected.shape)
     max_abs = float(np.abs(actual - expected).max())
