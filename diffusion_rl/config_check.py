@@ -104,8 +104,19 @@ def _check_reward(name: str, options: dict[str, Any]) -> str:
     unknown = sorted(set(options) - set(accepted) - {"checkpoint", "weights", "device", "dtype"})
     if exact and unknown:
         raise registry._unknown_option_error(f"reward.options.{name}: reward '{spec.name}'", unknown, accepted, exact)
+    for (family, key, value), what in USER_WEIGHTS.items():
+        if spec.name == family and options.get(key) == value and not checkpoint:
+            return (f"{spec.name} ({key}={value}: NEEDS {what}; add reward.options.{name}.checkpoint=PATH, "
+                    "the run stops at load without it)")
     source = checkpoint or (spec.tags.get(src.tag) if src.tag else None) or spec.default_checkpoint or "no weights"
     return f"{spec.name} ({source})"
+
+
+# options that switch a reward to weights the user must supply (no hub copy exists to download)
+USER_WEIGHTS = {
+    ("geneval", "detector", "mask2former"): "mmdet's Mask2Former Swin-S .pth (GenEval's detector)",
+    ("ocr", "preset", "flow_grpo"): "the PaddleOCR 2.9.1 English ONNX folder (Flow-GRPO's OCR)",
+}
 
 
 def _check_pipeline(pretrained: str) -> str:

@@ -230,3 +230,24 @@ def test_check_reports_what_a_run_would_fail_on(tmp_path, capsys, tiny_pipeline_
     assert main(["config", "--config", str(base), "--check", "--num-processes", "3",
                  "sample.prompts_per_iteration=4"]) == 2
     assert "divisible by the number of processes (3)" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("recipe, reward, needs", [
+    ("flow_grpo_sd35_geneval.yaml", "geneval", "Mask2Former"),
+    ("flow_grpo_fast_sd35_geneval.yaml", "geneval", "Mask2Former"),
+    ("flow_grpo_sd35_ocr.yaml", "ocr", "PaddleOCR 2.9.1"),
+])
+def test_flow_grpo_recipes_use_the_papers_rewards_and_say_which_weights_to_supply(recipe, reward, needs, capsys):
+    """Flow-GRPO trained on GenEval's Mask2Former + CLIP colours (dense score) and PaddleOCR 2.9.1 English (issue 34)."""
+    from diffusion_rl.cli import main
+
+    raw = _raw(ROOT / "configs" / recipe)
+    opts = raw["reward"]["options"][reward]
+    if reward == "geneval":
+        assert (opts["score"], opts["detector"], opts["colors"], opts["detector_options"]) == (
+            "dense", "mask2former", "clip", {"swap_rb": True})
+    else:
+        assert opts == {"preset": "flow_grpo"}
+    assert main(["config", "--config", str(ROOT / "configs" / recipe), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "NEEDS" in out and needs in out and f"reward.options.{reward}.checkpoint=PATH" in out
