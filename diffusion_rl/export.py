@@ -37,6 +37,9 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"export: {path} exists and is not a folder; remove it or export elsewhere")
     path.parent.mkdir(parents=True, exist_ok=True)
+    from mmreward.output_paths import remove_dead_temporaries
+
+    remove_dead_temporaries(path.parent, path.name)  # left by an export that was killed (SIGTERM, SIGKILL)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     old = path.parent / f".{path.name}.old-{os.getpid()}"
     for stale in (tmp, old):

@@ -245,7 +245,10 @@ def _check_jobs(args: argparse.Namespace) -> None:
         raise ConfigError("no media given: pass image/video files or folders, or --prompts manifest.jsonl")
     if args.prompts:
         n_prompts = sum(1 for _ in _text_lines(args.prompts, "--prompts"))
-        n_media = sum(1 for _ in iter_media_files(args.media))
+        # listed once and kept: a second listing of a folder that changed in between would pair prompts with
+        # other images (paths only, so memory stays small)
+        args.media_files = [str(p) for p in iter_media_files(args.media)]
+        n_media = len(args.media_files)
         if n_prompts != n_media:
             raise ConfigError(
                 f"--prompts {args.prompts} has {n_prompts} lines but {n_media} media items were given; "
@@ -261,12 +264,14 @@ def _iter_jobs(args: argparse.Namespace) -> Iterator[tuple[int, str, str]]:
         for i, (_, row) in enumerate(_jsonl_rows(args.prompts, "--prompts", ("media",))):
             yield i, row["media"], row["prompt"]
         return
-    files = iter_media_files(args.media)
     if args.prompts:
-        for i, (path, (_, prompt)) in enumerate(zip(files, _text_lines(args.prompts, "--prompts"))):
+        files = getattr(args, "media_files", None)
+        if files is None:
+            files = [str(p) for p in iter_media_files(args.media)]
+        for i, (path, (_, prompt)) in enumerate(zip(files, _text_lines(args.prompts, "--prompts"), strict=True)):
             yield i, str(path), prompt
         return
-    for i, path in enumerate(files):
+    for i, path in enumerate(iter_media_files(args.media)):
         yield i, str(path), args.prompt or ""
 
 
@@ -410,7 +415,11 @@ class _Writer:
 
     def _tmp_file(self, suffix: str):
         out = Path(self.path)
-        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent)
+        from mmreward.output_paths import remove_dead_temporaries
+
+        remove_dead_temporaries(out.parent, out.name)  # rows files of a scoring run that was killed
+        # the pid in the name tells a later run whether the writer is still alive
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}.", suffix=suffix, dir=out.parent)
         self._tmp.append(name)
         return open(fd, "w", encoding="utf-8", newline="")
 

@@ -47,3 +47,39 @@ def check_output_folder(folder: str | os.PathLike, what: str) -> None:
             probe.flush()
     except OSError as exc:
         raise output_error(exc, f"{what} {p}") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return pid > 0
+
+
+def remove_dead_temporaries(folder: str | os.PathLike, name: str) -> list[Path]:
+    """Remove the hidden temporaries of `name` (`.NAME.tmp-PID`, `.NAME.old-PID`, `.NAME.PID.*`) whose writer
+    process no longer exists: what a SIGKILL or a SIGTERM left behind. A live writer's files are kept."""
+    import re
+    import shutil
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(name)}\.(?:(?:tmp|old)-(\d+)|(\d+)\..*)$")
+    removed = []
+    for entry in folder.iterdir():
+        m = pattern.match(entry.name)
+        if not m:
+            continue
+        pid = int(m.group(1) or m.group(2))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
