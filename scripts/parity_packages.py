@@ -250,10 +250,11 @@ FAMILIES: dict[str, Family] = {
     ),
     "imagereward": Family(
         name="imagereward", original="image-reward==1.5 (timm==0.6.13, transformers==4.30.2, fairscale==0.4.13)",
-        no_deps=["image-reward==1.5", "openai-clip==1.0.1"],
+        # setuptools<70 keeps the pkg_resources.packaging that openai-clip imports (--no-deps: torch asks newer)
+        no_deps=["image-reward==1.5", "openai-clip==1.0.1", "setuptools<70"],
         # timm 0.6.13 is the package's own pin; transformers 4.30.2 is of its release (its med.py imports
-        # helpers that transformers 5 removed); setuptools<70 keeps pkg_resources for openai-clip
-        install=["setuptools<70", "wheel", "timm==0.6.13", "transformers==4.30.2"],
+        # helpers that transformers 5 removed)
+        install=["wheel", "timm==0.6.13", "transformers==4.30.2"],
         no_build_isolation=["fairscale==0.4.13"],
         build=build_imagereward, ours=ours_imagereward, rel=1e-5,
         not_checked="ReFL.py (fine-tuning script) not imported; batch ranking (inference_rank) not compared",
@@ -273,7 +274,7 @@ def ensure_venv(fam: Family, root: Path, log: Callable[[str], None]) -> Path:
     """The family's venv, made once per install spec (a stamp holds its hash); returns its python."""
     venv = root / fam.name
     py = venv / "bin" / "python"
-    want = hashlib.sha256(json.dumps([fam.install, fam.no_deps, fam.no_build_isolation, sys.prefix]).encode()).hexdigest()[:16]
+    want = hashlib.sha256(json.dumps([fam.install, fam.no_deps, fam.no_build_isolation, sys.prefix, 3]).encode()).hexdigest()[:16]
     stamp = venv / ".mmreward-parity-stamp"
     if stamp.exists() and stamp.read_text().strip() == want and py.exists():
         return py
@@ -282,15 +283,24 @@ def ensure_venv(fam: Family, root: Path, log: Callable[[str], None]) -> Path:
     # appended after the venv's own site-packages: the pins installed there win; torch & co. come from here
     ours = _site_packages(sys.executable)
     Path(_site_packages(str(py)), "zz_mmreward_shared.pth").write_text(ours + "\n")
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    if fam.no_deps:
-        _pip([*pip, "--no-deps", *fam.no_deps])
+    # torch and torchvision stay ours: a constraint at our versions, so that no requirement pulls another build
+    import torch
+    import torchvision
+
+    pins = venv / "constraints.txt"
+    pins.write_text("".join(f"{m.__name__}=={m.__version__.split('+')[0]}\n" for m in (torch, torchvision)))
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(pins)]
     if fam.install:
         # pip sees this project's packages through the .pth: it installs only what the pins need, into the
         # venv, and never touches a package outside it ("Not uninstalling ..., outside environment")
         _pip([*pip, *fam.install])
     if fam.no_build_isolation:  # an isolated build would download a torch of its own (GBs)
-        _pip([*pip, "--no-build-isolation", *fam.no_build_isolation])
+        _pip([*pip, "--no-build-isolation", "--no-deps", *fam.no_build_isolation])
+    if fam.no_deps:  # last, so that nothing resolved above replaces them
+        _pip([*pip, "--no-deps", *fam.no_deps])
+    where = subprocess.run([str(py), "-c", "import torch; print(torch.__file__)"], capture_output=True, text=True)
+    if not where.stdout.startswith(ours):
+        raise subprocess.CalledProcessError(1, ["check torch"], "", f"the venv imports another torch: {where.stdout}")
     stamp.write_text(want + "\n")
     return py
 
