@@ -10,8 +10,8 @@ echo "== mmreward list"
 echo "== mmreward score --reward jpeg-compressibility assets/samples"
 .venv/bin/mmreward score --reward jpeg-compressibility assets/samples --out demo-scores.jsonl --no-progress
 cat demo-scores.jsonl
-echo "== mmreward compare --reward mock --prompt 'a red circle' (red circle vs blue sky)"
-.venv/bin/mmreward compare --reward mock --prompt "a red circle" assets/samples/red_circle.png assets/samples/flat_sky.png
+echo "== mmreward compare --reward shapesworld-pref --prompt 'a red circle' (red circle vs blue sky; the shipped preference model)"
+.venv/bin/mmreward compare --reward shapesworld-pref --prompt "a red circle" --no-progress assets/samples/red_circle.png assets/samples/flat_sky.png
 echo "== diffusion-rl train: 3 GRPO iterations on the ShapesWorld generator (full run: configs/shapes_grpo.yaml)"
 .venv/bin/diffusion-rl train --config configs/shapes_grpo.yaml train.iterations=3 \
   prompts.eval_samples_per_prompt=4 log.output_dir=runs/demo log.overwrite=true log.progress=false
