@@ -146,40 +146,65 @@ def score_pairs(
     the medium is an ItemFailure, scoring that item fails, or the score is not finite. Items are
     scored in batches; a failing batch is retried item by item so one bad image costs only its item.
     """
+    return [v for v, _ in score_pairs_detailed(reward, texts, media, scale=scale, shift=shift,
+                                               batch_size=batch_size, failure_value=failure_value)]
+
+
+def score_pairs_detailed(
+    reward: Any,
+    texts: Sequence[str],
+    media: Sequence[Any],
+    *,
+    scale: float = 1.0,
+    shift: float = 0.0,
+    batch_size: int | None = None,
+    failure_value: float | None = None,
+) -> list[tuple[float | None, dict[str, float]]]:
+    """score_pairs, plus each item's per-dimension `details` (raw, unscaled; empty for a failed item)."""
     from mmreward.errors import RewardInputError
 
     if len(texts) != len(media):
         raise RewardInputError(f"got {len(texts)} texts but {len(media)} media; pass one medium (or None) per text")
-    out: list[float | None] = [None] * len(texts)
+    out: list[tuple[float | None, dict[str, float]]] = [(None, {})] * len(texts)
     for i, m in enumerate(media):
         if isinstance(m, ItemFailure):
             record_failure("unreadable media", i, m.reason)
-            out[i] = failure_value
+            out[i] = (failure_value, {})
     todo = [i for i, m in enumerate(media) if m is not None and not isinstance(m, ItemFailure)]
     step = batch_size or max(len(todo), 1)
     for start in range(0, len(todo), step):
         idx = todo[start : start + step]
-        scores: list[float | None]
+        scored: list[tuple[float, dict[str, float]] | None]
         try:
-            scores = [float(s) for s in reward.score([texts[i] for i in idx], [media[i] for i in idx]).scores.tolist()]
+            scored = _rows(reward.score([texts[i] for i in idx], [media[i] for i in idx]))
         except ITEM_ERRORS as exc:
             logger.warning("reward batch failed (%s); scoring its %d items one by one", exc, len(idx))
-            scores = []
+            scored = []
             for i in idx:
                 try:
-                    scores.append(float(reward.score([texts[i]], [media[i]]).scores.item()))
+                    scored.append(_rows(reward.score([texts[i]], [media[i]]))[0])
                 except ITEM_ERRORS as item_exc:
                     record_failure("reward error", i, f"{type(item_exc).__name__}: {item_exc}")
-                    scores.append(None)
-        for i, s in zip(idx, scores):
-            if s is None:
-                out[i] = failure_value
-            elif not math.isfinite(s):
-                record_failure("non-finite score", i, f"the reward returned {s}")
-                out[i] = failure_value
+                    scored.append(None)
+        for i, row in zip(idx, scored):
+            if row is None:
+                out[i] = (failure_value, {})
+            elif not math.isfinite(row[0]):
+                record_failure("non-finite score", i, f"the reward returned {row[0]}")
+                out[i] = (failure_value, {})
             else:
-                out[i] = float(scale * s + shift)
+                out[i] = (float(scale * row[0] + shift), row[1])
     return out
+
+
+def _rows(output: Any) -> list[tuple[float, dict[str, float]]]:
+    """A RewardOutput as one (score, {detail: value}) row per item; details that are not (B,) are skipped."""
+    scores = [float(s) for s in output.scores.reshape(-1).tolist()]
+    details: dict[str, list[float]] = {}
+    for key, value in (getattr(output, "details", None) or {}).items():
+        if hasattr(value, "reshape") and value.numel() == len(scores):
+            details[key] = [float(v) for v in value.reshape(-1).tolist()]
+    return [(s, {k: v[i] for k, v in details.items()}) for i, s in enumerate(scores)]
 
 
 def compose_text(mode: str, prompt: Any, completion: Any, template: str | None) -> str:
