@@ -374,7 +374,8 @@ def _record(res: dict, fam: Family) -> None:
     else:  # could not run: a row that says why, with no numbers to mislead
         path = os.environ.get("MMREWARD_PARITY_LOG")
         if path:
-            row = {"family": fam.name, "original": fam.original, "how": f"package ({res['status']})",
+            # its own family name: one failure's NaN must not hide the numbers of the family's other checks
+            row = {"family": f"{fam.name} (package not run)", "original": fam.original, "how": "package",
                    "max_abs": float("nan"), "max_rel": float("nan"), "cases": [],
                    "not_checked": f"{res['status']}: {res['reason'].splitlines()[-1][:200]}"}
             with open(path, "a", encoding="utf-8") as f:
