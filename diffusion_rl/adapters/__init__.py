@@ -4,8 +4,7 @@ Like diffusers' `auto_pipeline.py`, the dispatch is a table, not a chain of isin
 `PIPELINE_ADAPTERS` maps a pipeline class *name* to (family, adapter class), so a caller need not import
 diffusers first, and a subclass of a supported pipeline (e.g. a ReNO-style wrapper) finds its parent's adapter.
 `adapter_class_for` walks the pipeline's MRO from the most derived class and takes the first registered name, so a
-registered subclass always wins over its parent whatever the table's order; the table is still written with
-subclasses first, which is the order in which its names are tried when one class has several registered bases.
+registered subclass always wins over its parent whatever the table's order.
 
 A new family lives in its own file here and registers itself at import time:
 
@@ -42,16 +41,18 @@ from diffusion_rl.adapters.sdxl import SDXLAdapter
 from diffusion_rl.adapters.wan import WanAdapter
 from mmreward.errors import ConfigError
 
-# pipeline class name -> (family, adapter class); subclasses before the classes they derive from
+# pipeline class name -> (family, adapter class). Lookup walks the pipeline's MRO from its own class upwards
+# (`adapter_class_for`), so a registered subclass resolves before its base wherever it sits here; no two built-in
+# entries are related by inheritance in diffusers 0.42 (tests/test_adapter_registry.py checks it)
 PIPELINE_ADAPTERS: dict[str, tuple[str, type[PipelineAdapter]]] = {
-    "WanPipeline": ("wan", WanAdapter),
-    "HunyuanVideoPipeline": ("hunyuan_video", HunyuanVideoAdapter),
+    "StableDiffusionPipeline": ("sd", SDAdapter),
+    "StableDiffusionXLPipeline": ("sdxl", SDXLAdapter),
+    "StableDiffusion3Pipeline": ("sd3", SD3Adapter),
+    "FluxPipeline": ("flux", FluxAdapter),
     "FluxKontextPipeline": ("flux_kontext", FluxKontextAdapter),
     "QwenImageEditPipeline": ("qwen_image_edit", QwenImageEditAdapter),
-    "FluxPipeline": ("flux", FluxAdapter),
-    "StableDiffusion3Pipeline": ("sd3", SD3Adapter),
-    "StableDiffusionXLPipeline": ("sdxl", SDXLAdapter),
-    "StableDiffusionPipeline": ("sd", SDAdapter),
+    "WanPipeline": ("wan", WanAdapter),
+    "HunyuanVideoPipeline": ("hunyuan_video", HunyuanVideoAdapter),
     "CogVideoXPipeline": ("cogvideox", CogVideoXAdapter),
     "LTXPipeline": ("ltx", LTXAdapter),
 }
@@ -119,7 +120,7 @@ def adapter_class_for(pipe: Any, purpose: str = "") -> tuple[str, type[PipelineA
         if name in PIPELINE_ADAPTERS:
             return PIPELINE_ADAPTERS[name]
     raise ConfigError(
-        f"pipeline: {cls.__name__} is not supported{purpose}; expected one of {', '.join(PIPELINE_ADAPTERS)} (or a "
+        f"pipeline: {cls.__name__} is not supported{purpose}; expected a {', '.join(PIPELINE_ADAPTERS)} (or a "
         "subclass). Load one with DiffusionPipeline.from_pretrained(...), or add an adapter (docs/adding_a_model.md)"
     )
 
