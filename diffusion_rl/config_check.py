@@ -20,14 +20,12 @@ from typing import Any
 from diffusion_rl.config import _SECTION_CLASSES, RunConfig, _hints
 from mmreward.errors import CheckpointError, ConfigError
 
-# diffusers pipeline classes the adapters support (diffusion_rl.pipelines.pipeline_family), by model_index.json
-SUPPORTED_PIPELINES = {
-    "FluxPipeline": "flux", "StableDiffusion3Pipeline": "sd3", "StableDiffusionXLPipeline": "sdxl",
-    "StableDiffusionPipeline": "sd",
-    "WanPipeline": "wan", "HunyuanVideoPipeline": "hunyuan_video", "CogVideoXPipeline": "cogvideox",
-    "LTXPipeline": "ltx",
-    "FluxKontextPipeline": "flux_kontext", "QwenImageEditPipeline": "qwen_image_edit",
-}
+
+def _supported_pipelines() -> dict[str, str]:
+    """Pipeline class name -> family, from the adapter table (diffusion_rl.adapters), registered adapters included."""
+    from diffusion_rl.adapters import PIPELINE_ADAPTERS
+
+    return {name: family for name, (family, _) in PIPELINE_ADAPTERS.items()}
 
 
 @dataclass(frozen=True)
@@ -156,10 +154,11 @@ def _check_pipeline(pretrained: str) -> str:
         cls = json.loads(index.read_text()).get("_class_name")
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"model.pretrained: cannot read {index}: {exc}") from None
-    family = SUPPORTED_PIPELINES.get(cls)
+    supported = _supported_pipelines()
+    family = supported.get(cls)
     if family is None:
         raise ConfigError(f"model.pretrained: {source!r} is a {cls}, which reward fine-tuning does not support; "
-                          f"supported: {', '.join(SUPPORTED_PIPELINES)}")
+                          f"supported: {', '.join(supported)}")
     return f"{family} ({cls}, {where}) {source}"
 
 
@@ -201,7 +200,7 @@ def check_config(cfg: RunConfig, num_processes: int = 1) -> list[str]:
 
     local = {which: cfg.prompts.load(which) for which in ("train", "eval") if getattr(cfg.prompts, which) is not None
              and describe_remote(getattr(cfg.prompts, which), f"prompts.{which}") is None}
-    check_edit_run(family if family in SUPPORTED_PIPELINES.values() else None, local, list(names))
+    check_edit_run(family if family in _supported_pipelines().values() else None, local, list(names))
     if cfg.train.algorithm == "pref_grpo" and rc.pairwise and rc.pairwise not in names:
         raise ConfigError(f"reward.pairwise {rc.pairwise!r} is not a reward of this config")
     weights = ", ".join(f"{n} x {w:g}" for n, w in rc.rewards.items())
