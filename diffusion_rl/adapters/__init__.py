@@ -134,3 +134,4 @@ __all__ = [
 
 # adapters in their own files that register themselves (import order = registration order); keep last, after
 # register_adapter exists, since these modules import it from this package
+from diffusion_rl.adapters import qwen_image  # noqa: E402, F401 - QwenImagePipeline (Qwen-Image text-to-image)
