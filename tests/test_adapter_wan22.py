@@ -58,6 +58,10 @@ def test_experts_and_boundary_follow_the_pipeline(t2v):
     assert adapter.boundary_timestep == 875.0  # boundary_ratio 0.875 x num_train_timesteps 1000
     sched = adapter.schedule(STEPS)
     assert adapter.expert_of(sched.timesteps).tolist() == [True, False, False, False]
+    # WanPipeline's registered adapter hands a two-expert pipeline over, so make_adapter and the trainer get it
+    from diffusion_rl.pipelines import make_adapter
+
+    assert type(make_adapter(t2v, H, W, MSL, FRAMES)) is Wan22Adapter
     # a one-transformer WanPipeline gets the plain Wan adapter, as before
     from diffusers import WanPipeline
 

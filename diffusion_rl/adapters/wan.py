@@ -16,8 +16,8 @@ rollout, the kernels and the log-probs (mean over every latent element, as for i
 - decoding un-normalises with the VAE's per-channel `latents_mean` / `latents_std` and returns videos
   (B, T, 3, H, W) in [0, 1], the layout video rewards take.
 
-Wan 2.2 A14B's two-expert denoising (`transformer_2` with `boundary_ratio`) is not supported yet: the policy
-trains one denoiser, so such a pipeline is refused with a ConfigError.
+Wan 2.2 A14B's two-expert denoising (`transformer_2` with `boundary_ratio`) is the same pipeline class: constructing
+a WanAdapter for such a pipeline gives `diffusion_rl.adapters.wan22.Wan22Adapter` (see `WanAdapter.__new__`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,15 @@ class WanAdapter(PipelineAdapter):
     is_flow = True
     modality = "video"
     fps = 16.0  # WanPipeline's examples export at 16 fps (Wan 2.1); Wan 2.2 TI2V-5B at 24: set adapter.fps
+
+    def __new__(cls, pipeline=None, *args, **kwargs):
+        # one pipeline class, two layouts: a WanPipeline with transformer_2 (Wan 2.2 A14B) gets the two-expert
+        # adapter; returning an uninitialised instance makes Python run Wan22Adapter.__init__ with the same arguments
+        if cls is WanAdapter and getattr(pipeline, "transformer_2", None) is not None:
+            from diffusion_rl.adapters.wan22 import Wan22Adapter
+
+            return super().__new__(Wan22Adapter)
+        return super().__new__(cls)
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,
                  max_sequence_length: int | None = None, num_frames: int | None = None) -> None:

@@ -307,10 +307,9 @@ def _register() -> None:
     """Map the pipeline classes to these adapters in the adapter table (diffusion_rl.adapters)."""
     from diffusion_rl.adapters import DEFAULT_LORA_TARGETS, register_adapter
 
+    # WanPipeline stays WanAdapter's entry: WanAdapter.__new__ hands two-expert pipelines to Wan22Adapter.
+    # LoRA: self- (attn1) and cross-attention (attn2) of every block of each expert, as for Wan 2.1
     targets = DEFAULT_LORA_TARGETS.get("wan", ["to_q", "to_k", "to_v", "to_out.0"])
-    # WanPipeline: Wan22Adapter hands one-transformer pipelines to the plain WanAdapter (same family)
-    register_adapter("WanPipeline", "wan", Wan22Adapter, targets)
-    # self- (attn1) and cross-attention (attn2) of every block of each expert, as for Wan 2.1
     register_adapter("WanImageToVideoPipeline", "wan_i2v", WanI2VAdapter, targets)
 
 
