@@ -134,7 +134,8 @@ __all__ = [
 
 # adapters in their own files that register themselves (import order = registration order); keep last, after
 # register_adapter exists, since these modules import it from this package
-from diffusion_rl.adapters import (  # noqa: E402
-    flux2,  # noqa: F401 - Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline (FLUX.2-klein)
-    qwen_image,  # noqa: F401 - QwenImagePipeline (Qwen-Image text-to-image)
+from diffusion_rl.adapters import (  # noqa: E402, F401
+    flux2,  # Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline (FLUX.2-klein)
+    qwen_image,  # QwenImagePipeline (Qwen-Image text-to-image)
+    wan22,  # Wan 2.2 (WanImageToVideoPipeline)
 )
