@@ -236,6 +236,29 @@ def ours_imagereward(spec: dict) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------
+# CLIPScore (torchmetrics.multimodal.CLIPScore, pip torchmetrics==1.9.0)
+# ------------------------------------------------------------------------------------------------
+def build_clipscore(work: Path, images: list[str]) -> dict:
+    from mmreward.testing.tiny_models import save_tiny_transformers_clip
+
+    # torchmetrics loads CLIPModel/CLIPProcessor only for names containing "openai" (its openai/clip-vit-* path)
+    folder = work / "openai" / "clip-vit-tiny-patch32"
+    save_tiny_transformers_clip(folder, image_size=224, patch_size=32, seed=3)
+    keep = [p for p in images if not p.endswith("rgba.png")]  # torchmetrics takes 3-channel tensors only
+    return {"checkpoint": str(folder), "images": keep, "prompts": PROMPTS[: len(keep)]}
+
+
+def ours_clipscore(spec: dict) -> np.ndarray:
+    from PIL import Image
+
+    import mmreward
+
+    reward = mmreward.load("clipscore", checkpoint=spec["checkpoint"])
+    pil = [Image.open(p).convert("RGB") for p in spec["images"]]  # the pixels torchmetrics is given
+    return reward.score(spec["prompts"], pil).scores.double().numpy()
+
+
+# ------------------------------------------------------------------------------------------------
 # the families, in priority order
 # ------------------------------------------------------------------------------------------------
 FAMILIES: dict[str, Family] = {
@@ -258,6 +281,12 @@ FAMILIES: dict[str, Family] = {
         no_build_isolation=["fairscale==0.4.13"],
         build=build_imagereward, ours=ours_imagereward, rel=1e-5,
         not_checked="ReFL.py (fine-tuning script) not imported; batch ranking (inference_rank) not compared",
+    ),
+    "clipscore": Family(
+        name="clipscore", original="torchmetrics==1.9.0 multimodal.CLIPScore (transformers==4.57.1)",
+        no_deps=[], install=["torchmetrics==1.9.0", "transformers==4.57.1"],  # 1.9.0 breaks on 5.x
+        build=build_clipscore, ours=ours_clipscore, rel=1e-5,
+        not_checked="RGBA (torchmetrics takes 3-channel tensors; both get the image converted to RGB)",
     ),
 }
 
