@@ -138,4 +138,5 @@ from diffusion_rl.adapters import (  # noqa: E402, F401
     flux2,  # Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline (FLUX.2-klein)
     qwen_image,  # QwenImagePipeline (Qwen-Image text-to-image)
     wan22,  # Wan 2.2 (WanImageToVideoPipeline)
+    z_image,  # ZImagePipeline (Z-Image, Z-Image-Turbo)
 )
