@@ -250,3 +250,34 @@ def test_one_grpo_iteration_trains_the_lora(folders, tmp_path, kind, g):
     assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the training path reproduces the rollout's log-probs
     changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
     assert changed > 0
+
+
+def test_klein_recipe_checks_and_trains_one_iteration_with_the_tiny_klein(folders, tmp_path, capsys):
+    """configs/grpo_flux2_klein_pickscore.yaml (Flow-Factory's flux2_klein GRPO example) passes `config --check`
+    with the tiny step-distilled klein substituted, and one iteration of its method trains the LoRA."""
+    from pathlib import Path
+
+    from diffusion_rl.cli import main
+    from diffusion_rl.config import load_config
+    from diffusion_rl.trainer import Trainer
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "grpo_flux2_klein_pickscore.yaml"
+    assert "X-GenGroup/Flow-Factory@5f6cda1" in recipe.read_text()
+    tiny = f"model.pretrained={folders['klein_distilled']}"
+    assert main(["config", "--config", str(recipe), "--check", "--num-processes", "8", tiny]) == 0
+    assert "flux2_klein" in capsys.readouterr().out
+    cfg = load_config(recipe, [tiny, "model.dtype=float32", "train.mixed_precision='no'", f"model.height={H}",
+                               f"model.width={W}", f"model.max_sequence_length={MSL}", "model.lora_rank=4",
+                               "model.lora_alpha=4", "sample.prompts_per_iteration=2", "sample.group_size=2",
+                               "sample.batch_size=4", "train.micro_batch_size=2", "train.iterations=1",
+                               "train.probe=error", "train.learning_rate=1e-2", "train.num_minibatches=1",
+                               "reward.rewards={mock: 1.0}", "reward.options={}", "prompts.train=[a red circle, a cat]",
+                               "prompts.eval=null", "advantage.min_count=16", f"log.output_dir={tmp_path / 'out'}",
+                               "log.progress=false", "log.grid_every=0", "log.eval_every=0"])
+    assert (cfg.sample.num_steps, cfg.sample.kernel, cfg.sample.noise_level) == (4, "flow_sde", 0.5)
+    trainer = Trainer(cfg)
+    assert isinstance(trainer.adapter, Flux2KleinAdapter) and not trainer.adapter.uses_cfg(cfg.sample.guidance_scale)
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    assert sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable)) > 0

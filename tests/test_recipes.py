@@ -23,7 +23,8 @@ RESULT_CONFIGS = sorted((ROOT / "docs" / "results").glob("*/configs/*.yaml"))  #
 FAMILY = {"stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/FLUX.1-dev": "flux",
           "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
           "hunyuanvideo-community/HunyuanVideo": "hunyuan_video", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan",
-          "THUDM/CogVideoX-2b": "cogvideox", "Lightricks/LTX-Video": "ltx"}
+          "THUDM/CogVideoX-2b": "cogvideox", "Lightricks/LTX-Video": "ltx",
+          "black-forest-labs/FLUX.2-klein-9B": "flux2_klein"}
 VIDEO = {"hunyuan_video", "wan", "cogvideox", "ltx"}
 
 
@@ -82,6 +83,10 @@ def tiny_family_dirs(tmp_path_factory):
     cache: dict[str, Path] = {}
 
     def get(family: str) -> Path:
+        if family not in cache and family == "flux2_klein":  # the step-distilled klein (own builder)
+            from mmreward.testing.tiny_flux2 import save_tiny_flux2
+
+            cache[family] = save_tiny_flux2(root / family, "klein_distilled")
         if family not in cache:
             cache[family] = Path(save_tiny_pipeline(family, root / family))
         return cache[family]
