@@ -209,7 +209,8 @@ def test_lora_on_one_expert_trains_only_that_expert(t2v_dir, tmp_path, lora_expe
     from diffusion_rl.policy import Policy
 
     cfg = from_dict(_run_cfg(t2v_dir, tmp_path, lora_targets=["to_q", "to_v"]))
-    adapter = Wan22Adapter(load_pipeline(t2v_dir), H, W, MSL, FRAMES, lora_experts=lora_experts)
+    adapter = Wan22Adapter(load_pipeline(t2v_dir), H, W, MSL, FRAMES)
+    adapter.lora_experts = lora_experts  # as a config key would set it, before the policy is built
     policy = Policy(cfg, adapter, make_accelerator(cfg))
     names = {id(p): n for n, p in adapter.denoiser.named_parameters()}
     trained = [names[id(p)] for p in policy.trainable]
@@ -227,6 +228,8 @@ def test_bad_geometry_and_options_are_config_errors(t2v, first_frame):
         Wan22Adapter(t2v, 40, W, MSL, FRAMES)
     with pytest.raises(ConfigError, match="lora_experts must be one of"):
         Wan22Adapter(t2v, H, W, MSL, FRAMES, lora_experts="middle")
+    with pytest.raises(ConfigError, match="lora_experts must be one of"):
+        Wan22Adapter(t2v, H, W, MSL, FRAMES).lora_experts = "all"
     from mmreward.testing.tiny_wan22 import build_tiny_wan22
 
     i2v = build_tiny_wan22("i2v")

@@ -141,13 +141,27 @@ class Wan22Adapter(WanAdapter):
         if low is None and lora_experts != "both":
             raise ConfigError(f"lora_experts={lora_experts!r} needs two experts, but {type(pipeline).__name__} has one "
                               "transformer; leave lora_experts at 'both'")
-        self.lora_experts = lora_experts
+        self._lora_experts = lora_experts
         self.guidance_scale_2 = guidance_scale_2
         self.boundary_ratio = None if ratio is None else float(ratio)
         super().__init__(_OneExpertView(pipeline), height, width, max_sequence_length, num_frames)
         self.pipeline = pipeline
 
     # -- model access -------------------------------------------------------------------------
+    @property
+    def lora_experts(self) -> str:
+        """Which experts the policy trains: 'both', 'high' or 'low'; set it before the policy is built."""
+        return self._lora_experts
+
+    @lora_experts.setter
+    def lora_experts(self, value: str) -> None:
+        if value not in LORA_EXPERTS or (self._experts is None and value != "both"):
+            raise ConfigError(f"lora_experts must be one of {list(LORA_EXPERTS)} for a two-expert Wan 2.2 pipeline "
+                              f"('both' with one transformer), got {value!r}")
+        self._lora_experts = value
+        if self._experts is not None:
+            self._experts.lora_experts = value
+
     @property
     def denoiser(self) -> torch.nn.Module:
         return self.pipeline.transformer if self._experts is None else self._experts
