@@ -80,7 +80,7 @@ def edit_row(value: Mapping[str, Any], where: str, base_dir: Path | None) -> tup
             f"{list(INSTRUCTION_KEYS)}, e.g. {{\"source_image\": \"scenes/0.png\", \"instruction\": \"make the circle "
             f"blue\"}}; got keys {sorted(value)}"
         )
-    from mmreward.prompt_sources import check_text
+    from mmreward.text_checks import check_text
 
     check_text(value[named[0]], f"{where}: the instruction")  # refused at read, not at the first scoring
     src = value[SOURCE_KEY]

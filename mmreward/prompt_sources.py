@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmreward.errors import ConfigError
+from mmreward.text_checks import check_text  # noqa: F401 - also imported from here by callers
 from mmreward.types import Reward, RewardOutput
 
 PromptSource = str | Sequence[str | Mapping[str, Any]] | Mapping[str, Any] | None
@@ -75,17 +76,6 @@ def read_utf8(path: Path, where: str) -> str:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{where}: {path} line {line} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                           "re-save the file as UTF-8") from None
-
-
-def check_text(text: str, where: str) -> str:
-    """A prompt that can be encoded (tokenizers, HTTP judges need UTF-8): a lone surrogate is refused at read."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(f"{where}: the text holds a lone surrogate {text[exc.start]!r} at character {exc.start}, "
-                          "which is not valid Unicode; fix the record (e.g. a pair of \\ud83d\\ude00 escapes, "
-                          "not one)") from None
-    return text
 
 
 def _row(value: Any, where: str, base_dir: Path | None = None) -> tuple[str, dict[str, Any]]:

@@ -68,10 +68,12 @@ def test_shapes_video_config_smoke(which, generator, tmp_path):
     assert len(evals) == 2 and all(0 <= r[KEY] <= 1 and 0 <= r["eval/shapes-video-eval/motion"] <= 1 for r in evals)
     train = [r for r in rows if "train/loss" in r]
     assert len(train) == 1 and math.isfinite(train[0]["train/loss"]) and train[0]["time/rollout_s"] > 0
-    # the grids are clips: one row of the config's 4 frames (32 px + 2 px border) per clip, 3 clips
+    # the grids are clips: one row per prompt (3 prompts), its caption on the left, then the config's 4 frames
+    # (32 px + 2 px border) of its clip; the clips also as a captioned GIF with one frame per video frame
     for grid in ("eval_grid_start.png", "eval_grid_end.png"):
         arr = np.array(Image.open(out / grid))
-        assert arr.shape == (3 * 34, 4 * 34, 3)
+        assert arr.shape[0] == 3 * 34 and arr.shape[1] > 4 * 34 and arr.shape[2] == 3
+        assert Image.open((out / grid).with_suffix(".gif")).n_frames == 4
     assert (out / "reward_curve.png").is_file()
 
 

@@ -108,7 +108,8 @@ def _prompts(args) -> list[str]:
         path = Path(args.prompts_file)
         if not path.is_file():
             raise ConfigError(f"--prompts-file: {path} is not a file")
-        from mmreward.prompt_sources import check_text, read_utf8
+        from mmreward.prompt_sources import read_utf8
+        from mmreward.text_checks import check_text
 
         prompts += [check_text(line.strip(), f"--prompts-file {path} line {i}")
                     for i, line in enumerate(read_utf8(path, "--prompts-file").splitlines(), 1) if line.strip()]
