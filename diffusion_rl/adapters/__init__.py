@@ -6,18 +6,16 @@ diffusers first, and a subclass of a supported pipeline (e.g. a ReNO-style wrapp
 `adapter_class_for` walks the pipeline's MRO from the most derived class and takes the first registered name, so a
 registered subclass always wins over its parent whatever the table's order.
 
-A new family lives in its own file here and registers itself at import time:
+A new family lives in its own file here and registers itself at import time (from the registry module, which
+imports no adapter, so that the package importing the file is not imported back):
 
-    from diffusion_rl.adapters import register_adapter
+    from diffusion_rl.adapters.registry import register_adapter
     register_adapter("MyPipeline", "my_family", MyAdapter, ["to_q", "to_k", "to_v", "to_out.0"])
 
 and gets one import line at the bottom of this module (docs/adding_a_model.md walks through it).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Any
 
 from diffusion_rl.adapters.base import (
     DTYPES,
@@ -35,16 +33,23 @@ from diffusion_rl.adapters.flux_kontext import FluxKontextAdapter
 from diffusion_rl.adapters.hunyuan_video import HunyuanVideoAdapter
 from diffusion_rl.adapters.ltx import LTXAdapter
 from diffusion_rl.adapters.qwen_image_edit import QwenImageEditAdapter
+from diffusion_rl.adapters.registry import (
+    ADAPTERS,
+    DEFAULT_LORA_TARGETS,
+    PIPELINE_ADAPTERS,
+    VIDEO_FAMILIES,
+    adapter_class_for,
+    register_adapter,
+)
 from diffusion_rl.adapters.sd import SDAdapter
 from diffusion_rl.adapters.sd3 import SD3Adapter
 from diffusion_rl.adapters.sdxl import SDXLAdapter
 from diffusion_rl.adapters.wan import WanAdapter
-from mmreward.errors import ConfigError
 
 # pipeline class name -> (family, adapter class). Lookup walks the pipeline's MRO from its own class upwards
 # (`adapter_class_for`), so a registered subclass resolves before its base wherever it sits here; no two built-in
 # entries are related by inheritance in diffusers 0.42 (tests/test_adapter_registry.py checks it)
-PIPELINE_ADAPTERS: dict[str, tuple[str, type[PipelineAdapter]]] = {
+_BUILTIN: dict[str, tuple[str, type[PipelineAdapter]]] = {
     "StableDiffusionPipeline": ("sd", SDAdapter),
     "StableDiffusionXLPipeline": ("sdxl", SDXLAdapter),
     "StableDiffusion3Pipeline": ("sd3", SD3Adapter),
@@ -57,12 +62,9 @@ PIPELINE_ADAPTERS: dict[str, tuple[str, type[PipelineAdapter]]] = {
     "LTXPipeline": ("ltx", LTXAdapter),
 }
 
-# family -> adapter class (one adapter per family; several pipeline classes may share a family)
-ADAPTERS: dict[str, type[PipelineAdapter]] = {family: cls for family, cls in PIPELINE_ADAPTERS.values()}
-
 # LoRA target modules per family: the attention projections, as the Flow-GRPO / DanceGRPO / DDPO code trains
 _JOINT_ATTENTION = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
-DEFAULT_LORA_TARGETS: dict[str, list[str]] = {
+_BUILTIN_LORA_TARGETS: dict[str, list[str]] = {
     "sd": ["to_q", "to_k", "to_v", "to_out.0"],
     "sdxl": ["to_q", "to_k", "to_v", "to_out.0"],
     "sd3": list(_JOINT_ATTENTION),
@@ -79,50 +81,8 @@ DEFAULT_LORA_TARGETS: dict[str, list[str]] = {
     "qwen_image_edit": list(_JOINT_ATTENTION),
 }
 
-# the families whose adapters make videos (B, T, 3, H, W); a list so that registration extends it in place and
-# every module that imported it sees the new family
-VIDEO_FAMILIES: list[str] = [family for family, cls in ADAPTERS.items() if cls.modality == "video"]
-
-
-def register_adapter(pipeline_class_name: str, family: str, adapter_cls: type[PipelineAdapter],
-                     lora_targets: Sequence[str]) -> None:
-    """Make `adapter_cls` the adapter of pipelines whose class (or a base class) is named `pipeline_class_name`.
-
-    `family` is the adapter's name in configs, LoRA defaults and reports (`adapter_cls.family` must say the same);
-    `lora_targets` are the module-name suffixes a LoRA trains by default. Registering a pipeline class again
-    replaces its entry (a plugin may override a built-in adapter); video adapters join VIDEO_FAMILIES."""
-    if not isinstance(pipeline_class_name, str) or not pipeline_class_name.isidentifier():
-        raise ConfigError(f"register_adapter: pipeline_class_name must be a class name such as 'FluxPipeline', "
-                          f"got {pipeline_class_name!r}")
-    if not (isinstance(adapter_cls, type) and issubclass(adapter_cls, PipelineAdapter)):
-        raise ConfigError(f"register_adapter({pipeline_class_name!r}): the adapter must be a PipelineAdapter "
-                          f"subclass (diffusion_rl.adapters.base), got {adapter_cls!r}")
-    if not family or adapter_cls.family != family:
-        raise ConfigError(f"register_adapter({pipeline_class_name!r}): family {family!r} differs from "
-                          f"{adapter_cls.__name__}.family = {adapter_cls.family!r}; set the class attribute to it")
-    targets = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
-    if not targets or not all(isinstance(t, str) and t for t in targets):
-        raise ConfigError(f"register_adapter({pipeline_class_name!r}): lora_targets must be module-name suffixes "
-                          f"such as ['to_q', 'to_k', 'to_v', 'to_out.0'], got {lora_targets!r}")
-    PIPELINE_ADAPTERS[pipeline_class_name] = (family, adapter_cls)
-    ADAPTERS[family] = adapter_cls
-    DEFAULT_LORA_TARGETS[family] = targets
-    if adapter_cls.modality == "video" and family not in VIDEO_FAMILIES:
-        VIDEO_FAMILIES.append(family)
-
-
-def adapter_class_for(pipe: Any, purpose: str = "") -> tuple[str, type[PipelineAdapter]]:
-    """(family, adapter class) of a pipeline instance (or class): the most derived class in its MRO whose name is
-    registered; ConfigError listing the supported pipeline classes otherwise."""
-    cls = pipe if isinstance(pipe, type) else type(pipe)
-    names = [c.__name__ for c in cls.__mro__]
-    for name in names:
-        if name in PIPELINE_ADAPTERS:
-            return PIPELINE_ADAPTERS[name]
-    raise ConfigError(
-        f"pipeline: {cls.__name__} is not supported{purpose}; expected a {', '.join(PIPELINE_ADAPTERS)} (or a "
-        "subclass). Load one with DiffusionPipeline.from_pretrained(...), or add an adapter (docs/adding_a_model.md)"
-    )
+for _name, (_family, _cls) in _BUILTIN.items():
+    register_adapter(_name, _family, _cls, _BUILTIN_LORA_TARGETS[_family])
 
 
 __all__ = [
@@ -132,8 +92,8 @@ __all__ = [
     "adapter_class_for", "decode_chunked", "flow_schedule", "prompt_list", "register_adapter",
 ]
 
-# adapters in their own files that register themselves (import order = registration order); keep last, after
-# register_adapter exists, since these modules import it from this package
+# adapters in their own files that register themselves (diffusion_rl.adapters.registry); import order =
+# registration order
 from diffusion_rl.adapters import (  # noqa: E402, F401
     flux2,  # Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline (FLUX.2-klein)
     qwen_image,  # QwenImagePipeline (Qwen-Image text-to-image)

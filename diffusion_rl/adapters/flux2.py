@@ -198,7 +198,7 @@ class Flux2KleinAdapter(Flux2Adapter):
 
 
 # after the classes: the package's __init__ imports this module at its end, once register_adapter exists
-from diffusion_rl.adapters import register_adapter  # noqa: E402
+from diffusion_rl.adapters.registry import register_adapter  # noqa: E402
 
 register_adapter("Flux2Pipeline", "flux2", Flux2Adapter, FLUX2_LORA_TARGETS)
 register_adapter("Flux2KleinPipeline", "flux2_klein", Flux2KleinAdapter, FLUX2_LORA_TARGETS)

@@ -37,9 +37,9 @@ from collections.abc import Sequence
 
 import torch
 
-from diffusion_rl.adapters import register_adapter
 from diffusion_rl.adapters.base import PromptEmbeds, prompt_list
 from diffusion_rl.adapters.qwen_image_edit import QwenImageEditAdapter
+from diffusion_rl.adapters.registry import register_adapter
 from mmreward.errors import ConfigError
 
 QWEN_IMAGE_NEGATIVE_PROMPT = " "  # the model card's negative prompt when there is no concept to remove

@@ -40,14 +40,15 @@ class WanAdapter(PipelineAdapter):
     is_flow = True
     modality = "video"
     fps = 16.0  # WanPipeline's examples export at 16 fps (Wan 2.1); Wan 2.2 TI2V-5B at 24: set adapter.fps
+    two_expert_adapter: type[WanAdapter] | None = None  # the adapter of Wan 2.2 A14B's transformer + transformer_2
 
     def __new__(cls, pipeline=None, *args, **kwargs):
         # one pipeline class, two layouts: a WanPipeline with transformer_2 (Wan 2.2 A14B) gets the two-expert
         # adapter; returning an uninitialised instance makes Python run Wan22Adapter.__init__ with the same arguments
-        if cls is WanAdapter and getattr(pipeline, "transformer_2", None) is not None:
-            from diffusion_rl.adapters.wan22 import Wan22Adapter
-
-            return super().__new__(Wan22Adapter)
+        # (diffusion_rl.adapters.wan22 sets `two_expert_adapter` when it is imported, which the package always does;
+        # wan.py does not import wan22, which imports it)
+        if cls is WanAdapter and getattr(pipeline, "transformer_2", None) is not None and WanAdapter.two_expert_adapter:
+            return super().__new__(WanAdapter.two_expert_adapter)
         return super().__new__(cls)
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,

@@ -319,12 +319,13 @@ class WanI2VAdapter(Wan22Adapter):
 
 def _register() -> None:
     """Map the pipeline classes to these adapters in the adapter table (diffusion_rl.adapters)."""
-    from diffusion_rl.adapters import DEFAULT_LORA_TARGETS, register_adapter
+    from diffusion_rl.adapters.registry import DEFAULT_LORA_TARGETS, register_adapter
 
     # WanPipeline stays WanAdapter's entry: WanAdapter.__new__ hands two-expert pipelines to Wan22Adapter.
     # LoRA: self- (attn1) and cross-attention (attn2) of every block of each expert, as for Wan 2.1
     targets = DEFAULT_LORA_TARGETS.get("wan", ["to_q", "to_k", "to_v", "to_out.0"])
     register_adapter("WanImageToVideoPipeline", "wan_i2v", WanI2VAdapter, targets)
+    WanAdapter.two_expert_adapter = Wan22Adapter  # WanAdapter.__new__ hands two-expert pipelines to it
 
 
 _register()

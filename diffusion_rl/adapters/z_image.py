@@ -136,7 +136,7 @@ class ZImageAdapter(PipelineAdapter):
 
 
 def _register() -> None:
-    from diffusion_rl.adapters import register_adapter
+    from diffusion_rl.adapters.registry import register_adapter
 
     register_adapter("ZImagePipeline", ZImageAdapter.family, ZImageAdapter, Z_IMAGE_LORA_TARGETS)
 
