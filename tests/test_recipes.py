@@ -223,12 +223,12 @@ def test_check_reports_what_a_run_would_fail_on(tmp_path, capsys, tiny_pipeline_
                                     "reward": {"rewards": {"mock": 1.0}}, "prompts": {"train": ["a cat"]}}))
     qwen = tmp_path / "qwen"
     qwen.mkdir()
-    (qwen / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    (qwen / "model_index.json").write_text(json.dumps({"_class_name": "PixArtSigmaPipeline"}))
     capsys.readouterr()
     cases = {
         "reward.rewards={nopescore: 1}": "nopescore",
         "reward.options={aesthetic: {bogus: 1}}": "bogus",
-        f"model.pretrained={qwen}": "QwenImagePipeline",
+        f"model.pretrained={qwen}": "PixArtSigmaPipeline",  # a diffusers class no adapter serves
         "model.pretrained=not a hub id": "neither a local folder nor",
         f"model.pretrained={tmp_path / 'missing'}": "does not exist",
     }
