@@ -163,9 +163,22 @@ class ModelConfig:
     fps: float | None = _f(None, "video pipelines: the frame rate the clips are saved at, which rewards that sample "
                            "by time read (VideoReward: 2 frames per second); default: the pipeline's (Wan 16, "
                            "HunyuanVideo 24); an error for image pipelines")
+    lora_experts: str = _f("both", "Wan 2.2 A14B (two experts): which expert is trained, 'both', 'high' (the "
+                           "high-noise transformer) or 'low' (transformer_2); ignored by one-expert models")
+    guidance_scale_2: float | None = _f(None, "Wan 2.2 A14B: CFG scale of the low-noise expert (the pipeline's "
+                                        "guidance_scale_2; default: sample.guidance_scale)")
+    cfg_normalization: float | None = _f(None, "Z-Image: the pipeline's cfg_normalization (renormalise the guided "
+                                         "prediction to this multiple of the conditional norm; None: off)")
+    cfg_truncation: float | None = _f(None, "Z-Image: the pipeline's cfg_truncation (no CFG once this fraction of "
+                                      "the steps is done; None: off)")
 
     def __post_init__(self) -> None:
         _validate_types(self, "model")
+        _choice("model.lora_experts", self.lora_experts, ["both", "high", "low"])
+        for name in ("guidance_scale_2", "cfg_normalization", "cfg_truncation"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"model.{name} must be a finite number >= 0 (or null), got {value}")
         _choice("model.dtype", self.dtype, ["float32", "bfloat16", "float16"])
         _choice("model.attention", self.attention, ["auto", "sdpa", "xformers", "flash", "math"])
         _choice("model.lora_init", self.lora_init, ["gaussian", "default"])

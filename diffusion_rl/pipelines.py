@@ -117,6 +117,19 @@ def adapter_for_config(pipeline: Any, model_cfg: Any) -> PipelineAdapter:
             raise ConfigError(f"model.fps={fps} was given for {type(pipeline).__name__}, which makes images; "
                               "leave model.fps unset or use a video pipeline")
         adapter.fps = float(fps)
+    # model-specific settings: each applies where the adapter has it, and is an error where it would be ignored
+    specific = {"lora_experts": ("both", "Wan 2.2 A14B (two experts)"),
+                "guidance_scale_2": (None, "Wan 2.2 A14B (two experts)"),
+                "cfg_normalization": (None, "Z-Image"), "cfg_truncation": (None, "Z-Image")}
+    for key, (default, model) in specific.items():
+        value = getattr(model_cfg, key, default)
+        if value == default:
+            continue
+        if not hasattr(adapter, key) or (key in ("lora_experts", "guidance_scale_2")
+                                         and getattr(adapter, "_experts", None) is None):
+            raise ConfigError(f"model.{key}={value!r} is for {model} pipelines; {type(pipeline).__name__} has no "
+                              f"such setting: leave model.{key} unset")
+        setattr(adapter, key, float(value) if key != "lora_experts" else value)
     return adapter
 
 
@@ -159,7 +172,8 @@ def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: s
     pipe = pipeline_from_pretrained(pretrained, what, dtype=dtype)
     pipe.generation_defaults = read_generation_defaults(pretrained)  # the folder's card: make_adapter's defaults
     pipe.set_progress_bar_config(disable=True)
-    for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer"):
+    for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "transformer_2",
+                 "image_encoder"):
         module = getattr(pipe, name, None)
         if isinstance(module, torch.nn.Module):
             module.requires_grad_(False)

@@ -267,3 +267,22 @@ def test_one_grpo_iteration_on_image_to_video_with_first_frames(first_frame, tmp
     names = {id(p): n for n, p in trainer.adapter.denoiser.named_parameters()}
     changed = {names[id(p)].split(".")[0] for a, p in zip(before, trainer.trainable) if not torch.equal(a, p.detach())}
     assert changed == {"high", "low"}
+
+
+def test_config_keys_reach_the_two_expert_adapter(t2v_dir, tmp_path, tiny_pipeline_dir):
+    """model.lora_experts / model.guidance_scale_2 set the adapter before the policy; elsewhere they are errors."""
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    raw = _run_cfg(t2v_dir, tmp_path / "a", lora_targets=["to_q", "to_v"])
+    raw["model"].update(lora_experts="low", guidance_scale_2=1.5)
+    trainer = Trainer(from_dict(raw))
+    assert trainer.adapter.lora_experts == "low" and trainer.adapter.guidance_scale_2 == 1.5
+    names = {id(p): n for n, p in trainer.adapter.denoiser.named_parameters()}
+    assert {names[id(p)].split(".")[0] for p in trainer.trainable} == {"low"}
+    other = _run_cfg(str(tiny_pipeline_dir("sd3")), tmp_path / "b")
+    other["model"].update(lora_experts="high", num_frames=None, max_sequence_length=8)
+    with pytest.raises(ConfigError, match=r"model.lora_experts='high' is for Wan 2.2 A14B"):
+        Trainer(from_dict(other))
+    with pytest.raises(ConfigError, match="lora_experts"):
+        from_dict({**raw, "model": {**raw["model"], "lora_experts": "middle"}})

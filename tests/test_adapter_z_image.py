@@ -198,3 +198,20 @@ def test_one_grpo_iteration_trains_the_lora(z_folder, tmp_path):
     layers = ZImagePipeline.lora_state_dict(str(trainer.export()))
     layers = layers[0] if isinstance(layers, tuple) else layers
     assert any(k.startswith("transformer.") and "lora_A" in k for k in layers)
+
+
+def test_cfg_normalization_and_truncation_are_config_keys(z_folder, tmp_path):
+    from diffusion_rl.pipelines import adapter_for_config, load_pipeline
+
+    cfg = from_dict_model({"pretrained": str(z_folder), "height": H, "width": W, "max_sequence_length": MSL,
+                           "cfg_normalization": 0.995, "cfg_truncation": 0.3})
+    adapter = adapter_for_config(load_pipeline(str(z_folder)), cfg)
+    assert (adapter.cfg_normalization, adapter.cfg_truncation) == (0.995, 0.3)
+    default = adapter_for_config(load_pipeline(str(z_folder)), from_dict_model({"pretrained": str(z_folder)}))
+    assert (default.cfg_normalization, default.cfg_truncation) == (0.0, 1.0)  # the pipeline's "off"
+
+
+def from_dict_model(model: dict):
+    from diffusion_rl.config import from_dict
+
+    return from_dict({"model": model, "reward": {"rewards": {"mock": 1.0}}}).model
