@@ -24,7 +24,8 @@ FAMILY = {"stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/F
           "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
           "hunyuanvideo-community/HunyuanVideo": "hunyuan_video", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan",
           "THUDM/CogVideoX-2b": "cogvideox", "Lightricks/LTX-Video": "ltx",
-          "black-forest-labs/FLUX.2-klein-9B": "flux2_klein", "Tongyi-MAI/Z-Image-Turbo": "z_image"}
+          "black-forest-labs/FLUX.2-klein-9B": "flux2_klein", "Tongyi-MAI/Z-Image-Turbo": "z_image",
+          "Qwen/Qwen-Image-2512": "qwen_image"}
 VIDEO = {"hunyuan_video", "wan", "cogvideox", "ltx"}
 
 
@@ -87,6 +88,10 @@ def tiny_family_dirs(tmp_path_factory):
             from mmreward.testing.tiny_flux2 import save_tiny_flux2
 
             cache[family] = save_tiny_flux2(root / family, "klein_distilled")
+        if family not in cache and family == "qwen_image":  # QwenImagePipeline (own builder)
+            from mmreward.testing.tiny_qwen_image import save_tiny_qwen_image_pipeline
+
+            cache[family] = save_tiny_qwen_image_pipeline(root / family)
         if family not in cache and family == "z_image":  # ZImagePipeline (own builder)
             from mmreward.testing.tiny_z_image import save_tiny_z_image_pipeline
 
