@@ -56,7 +56,13 @@ def build(rows: list[dict], registered: list[str]) -> str:
         "| family | original | how checked | max abs diff | max rel diff | inputs | not checked, and why |",
         "|---|---|---|---|---|---|---|",
     ]
-    for fam in sorted(by_family):
+    header = lines[-2:]
+    is_reward = {f: f.split(" ")[0] in registered or f.startswith(("geneval", "ocr")) for f in by_family}
+    ordered = sorted(f for f in by_family if is_reward[f]) + sorted(f for f in by_family if not is_reward[f])
+    for i, fam in enumerate(ordered):
+        if not is_reward[fam] and (i == 0 or is_reward[ordered[i - 1]]):
+            lines += ["", "## Generator adapters and media (against the diffusers pipelines and decoders they "
+                      "replace)", "", *header]
         rs = by_family[fam]
         originals = "; ".join(dict.fromkeys(r["original"] for r in rs))
         how = ", ".join(dict.fromkeys(r["how"] for r in rs))

@@ -231,7 +231,7 @@ def test_accuracy_strict_and_dense_score_match_the_originals(nms):
     ours_t, ref_t = torch.tensor(ours_all, dtype=torch.float64), torch.tensor(ref_all, dtype=torch.float64)
     record_parity("geneval (rules)", original="djghosh13/geneval@af4902f evaluate_images.py; yifan123/reward-server@92ac29f "
                   "gen_eval.py", how="transcribed", actual=ours_t, expected=ref_t, cases=["800 synthetic detection sets"],
-                  not_checked="detector (Mask2Former not built); colours from a shared table (the CLIP path is its own test)")
+                  not_checked="detector (its own rows: geneval-mask2former); colours from a shared table (the CLIP path is its own test)")
     assert_close_scaled(ours_t, ref_t, rel=1e-12, scale=1.0)
     assert all(v > 10 for v in reached.values()), reached  # every branch family exercised
     assert len({round(s, 6) for s in ref_all}) > 5  # the dense score takes many values, negative ones included
