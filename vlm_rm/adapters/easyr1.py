@@ -1,18 +1,24 @@
 """EasyR1 reward functions built from any mmreward reward.
 
-EasyR1 loads `worker.reward.reward_function=<this file>:compute_score` and calls
-`partial(compute_score, **reward_function_kwargs)` either with a list of reward inputs
-(reward_type=batch: one reward call for the whole batch) or with one input dict
-(reward_type=sequential). An input is {"response", "response_length", "ground_truth", ...}; the
-answer is one dict of named scores per input, "overall" being the training reward. Images are not
-passed, so each ground_truth carries a media reference (`media_ref(path)`, see media_refs).
+EasyR1 (hiyouga/EasyR1@b44b311, verl/workers/reward/function.py AutoRewardManager) loads
+`worker.reward.reward_function=<this file>:compute_score`, reads the module's REWARD_TYPE (default
+"batch") and calls `partial(compute_score, **reward_function_kwargs)` with a list of reward inputs
+(batch: one reward call for the whole batch) or with one input dict (sequential). The answer is one
+dict of named scores per input, "overall" being the training reward.
+
+Where the image comes from: at that commit a reward input is exactly {"response", "response_length",
+"ground_truth"}: the dataset's images are popped into multi_modal_data for the rollout and never
+reach the reward function. This adapter reads, in order: the input's own media keys
+("multi_modal_data": {"images"/"videos": [...]}, "images", "image", "videos"; what a reward manager
+that forwards the sample's media would pass), then, as the documented fallback for EasyR1 as released,
+a media reference in ground_truth (`media_ref(path, answer=...)`, see media_refs) or extra_info.
 
 reward_function_kwargs choose the reward ({reward: clipscore, checkpoint: ..., device: ..., scale:,
 shift:, batch_size:, failure_value:, options: {...}}); other keyword arguments are accepted and ignored.
 An input whose medium cannot be read or scored gets `failure_value` (default 0.0, a finite number
 as EasyR1's reward tensors need) in every score; the reason is logged and counted in
-`vlm_rm.adapters.scoring.failure_counts`. An input without a string "response" or a media
-reference is a RewardInputError.
+`vlm_rm.adapters.scoring.failure_counts`. An input without a string "response" or any medium is a
+RewardInputError.
 """
 
 from __future__ import annotations
@@ -21,8 +27,24 @@ from typing import Any
 
 from mmreward.errors import RewardInputError
 from vlm_rm.adapters.media_refs import find_media
-from vlm_rm.adapters.scoring import check_failure_value, finite_number, score_pairs
+from vlm_rm.adapters.scoring import check_failure_value, finite_number, prepare_media, score_pairs
 from vlm_rm.adapters.verl import DEFAULT_FAILURE_VALUE, reward_from_kwargs
+
+REWARD_NAME = "mmreward"
+REWARD_TYPE = "batch"  # EasyR1 reads this module constant; sequential calls are served too
+MEDIA_KEYS = ("images", "image", "videos", "video")
+
+
+def _input_media(item: dict[str, Any]) -> Any:
+    """The first medium the input itself carries (multi_modal_data or a media key), or None."""
+    mm = item.get("multi_modal_data")
+    sources = [mm.get(k) for k in MEDIA_KEYS] if isinstance(mm, dict) else []
+    sources += [item.get(k) for k in MEDIA_KEYS]
+    for value in sources:
+        if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+            continue
+        return prepare_media([value])[0]  # a path, PIL image, HF {'bytes','path'} dict or a list of these
+    return None
 
 
 def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, key: str | None = None,
@@ -46,13 +68,16 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, k
                 got = "no 'response'" if "response" not in item else f"'response' of type {type(item['response']).__name__}"
                 raise RewardInputError(f"EasyR1 reward input {i} has {got}; each input needs the decoded response "
                                        "text under 'response' (keys given: " + ", ".join(sorted(map(str, item))) + ")")
-            found = find_media(item.get("ground_truth"), item.get("extra_info"), item.get("multi_modal_data"))
-            if found is None:
-                raise RewardInputError(
-                    f"EasyR1 reward input {i} has no media reference; store ground_truth as "
-                    "vlm_rm.adapters.media_refs.media_ref('<image path>', answer=...)"
-                )
-            media.append(found[0])
+            medium = _input_media(item)
+            if medium is None:  # EasyR1 as released passes no media: the ground_truth fallback
+                found = find_media(item.get("ground_truth"), item.get("extra_info"))
+                if found is None:
+                    raise RewardInputError(
+                        f"EasyR1 reward input {i} has no media reference and no medium of its own: EasyR1 passes only "
+                        "response and ground_truth, so store ground_truth as vlm_rm.adapters.media_refs.media_ref('<image path>', answer=...)"
+                    )
+                medium = found[0]
+            media.append(medium)
         values = score_pairs(reward, [it["response"] for it in reward_inputs], media, scale=scale, shift=shift,
                              batch_size=batch_size, failure_value=failure_value)
         values = [failure_value if v is None else v for v in values]

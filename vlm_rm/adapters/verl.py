@@ -1,25 +1,46 @@
 """verl custom reward functions built from any mmreward reward.
 
-verl calls the function named by `custom_reward_function.name` with keyword arguments:
+verl 0.9.1 (PyPI wheel verl==0.9.1; verl/experimental/reward_loop) scores every sample in its Reward
+Loop. The config names the function and the manager that calls it:
 
-  - Reward Loop (verl's default): `compute_score(data_source=, solution_str=, ground_truth=,
-    extra_info=, reward_router_address=, reward_model_tokenizer=, ...)` per sample, awaited when the
-    function is `async def` (name `compute_score_async` here: concurrent samples of a worker are
-    scored together in one reward call), else run in a thread pool (`compute_score`);
-  - NaiveRewardManager: `compute_score(data_source, solution_str, ground_truth, extra_info)`;
-  - BatchRewardManager (`reward_model.reward_manager=batch`): `compute_score_batch(data_sources=,
-    solution_strs=, ground_truths=, extra_infos=)` on the whole batch.
+  reward.custom_reward_function.path=<this file>  reward.custom_reward_function.name=<entry point>
+  reward.custom_reward_function.reward_kwargs={reward: clipscore, ...}
+  reward.reward_manager.name=naive | dapo | gdpo | remote | rate_limited
 
-Every entry point also receives `custom_reward_function.reward_kwargs`, which choose the reward:
-{reward: clipscore, checkpoint: ..., device: cuda, dtype: float16, weights: pretrained, scale: 1.0,
-shift: 0.0, batch_size: 64, failure_value: 0.0, options: {<loader options>}}. Any other keyword argument (verl adds new
+(the legacy keys custom_reward_function.* and reward_model.reward_manager are migrated to these).
+Every manager calls, per sample and with keywords only, `compute_score(data_source=, solution_str=,
+ground_truth=, extra_info=)` plus `reward_router_address=, reward_model_tokenizer=` when verl runs a
+reward model, the reward_kwargs merged in (verl.trainer.ppo.reward.get_custom_reward_fn):
+
+  - naive, dapo, gdpo, rate_limited: an `async def` is awaited (`compute_score_async` here: the
+    samples a worker awaits together are scored in one reward call), a plain function runs in a
+    thread pool (`compute_score`);
+  - remote: the function runs in Ray worker processes (`reward.num_workers`), sync only (verl asserts
+    it is not async): use `compute_score`. It is a process pool, not an HTTP client; to share one GPU
+    reward between those workers, run `mmreward serve` and pass `server: http://host:port` (the
+    bearer token from $MMREWARD_TOKEN) instead of `reward`.
+
+The answer is a float, or with `details: true` a dict {"score": <training reward>, <name>: <raw
+score>, ...}: verl stores every key of that dict per sample (reward_extra_info), which is what
+GDPO needs: `algorithm.adv_estimator=gdpo algorithm.gdpo_reward_keys=[<names>]` normalises each
+component within its group before the weighted sum (verl.trainer.ppo.core_algos
+compute_gdpo_outcome_advantage). Name several rewards with `rewards: {name: weight, ...}` (a weighted
+sum whose components are the keys), or use one reward's own details.
+
+`compute_score_batch` serves verl releases before the Reward Loop (verl.workers.reward_manager.batch,
+`reward_model.reward_manager=batch`); verl 0.9.1's trainer no longer registers a `batch` manager.
+
+reward_kwargs choose the reward: {reward: clipscore | rewards: {name: weight}, checkpoint: ..., device:
+cuda, dtype: float16, weights: pretrained, scale: 1.0, shift: 0.0, batch_size: 64, failure_value: 0.0,
+details: false, server: null, options: {<loader options>}}. Any other keyword argument (verl adds new
 ones between releases) is accepted and ignored. The reward is loaded once per worker process.
 
-verl's reward workers never see the images, so each sample carries a media reference in extra_info
-or ground_truth (see media_refs). A sample whose medium cannot be read or scored (or whose score is
-NaN) gets `failure_value` (default 0.0: verl needs a finite number for every sample); the reason is
-logged and counted in `vlm_rm.adapters.scoring.failure_counts`. A sample without a media reference,
-mismatched batch lengths and a non-finite scale/shift/failure_value are typed errors.
+verl's reward functions never see the images (non_tensor_batch's multi_modal_data is not passed), so
+each sample carries a media reference in extra_info or ground_truth (see media_refs). A sample whose
+medium cannot be read or scored (or whose score is NaN) gets `failure_value` (default 0.0: verl needs a
+finite number for every sample; with details, every component gets it too, so each sample has the same
+keys); the reason is logged and counted in `vlm_rm.adapters.scoring.failure_counts`. A sample without a
+media reference, mismatched batch lengths and a non-finite scale/shift/failure_value are typed errors.
 """
 
 from __future__ import annotations
@@ -27,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -35,13 +57,13 @@ from typing import Any
 
 from mmreward.errors import ConfigError, RewardInputError
 from vlm_rm.adapters.media_refs import find_media
-from vlm_rm.adapters.scoring import check_failure_value, finite_number, score_pairs
+from vlm_rm.adapters.scoring import check_failure_value, finite_number, score_pairs_detailed
 
 logger = logging.getLogger(__name__)
 
 # The keys of custom_reward_function.reward_kwargs that this adapter reads.
-CONFIG_KEYS = frozenset({"reward", "checkpoint", "device", "dtype", "weights", "scale", "shift", "batch_size",
-                         "failure_value", "options"})
+CONFIG_KEYS = frozenset({"reward", "rewards", "checkpoint", "device", "dtype", "weights", "scale", "shift",
+                         "batch_size", "failure_value", "details", "server", "options"})
 DEFAULT_FAILURE_VALUE = 0.0
 # What verl's reward managers pass on their own; never meant for us, so ignored without a warning.
 VERL_RUNTIME_KWARGS = frozenset({
@@ -55,9 +77,19 @@ _load_lock = threading.Lock()
 
 @lru_cache(maxsize=4)
 def _cached_reward(name: str, checkpoint: str | None, device: str | None, dtype: str | None, weights: str,
-                   options_json: str):
+                   options_json: str, rewards_json: str | None = None, server: str | None = None):
     import mmreward
 
+    if server is not None:  # one served reward shared by every worker (verl's remote manager runs many)
+        from mmreward.serve import RewardClient
+
+        return RewardClient(server, token=os.environ.get("MMREWARD_TOKEN"))
+    if rewards_json is not None:  # a weighted sum whose details are the components, for GDPO
+        from mmreward.compose import WeightedSum
+
+        weights_by_name = json.loads(rewards_json)
+        members = {n: mmreward.load(n, device=device, dtype=dtype, weights=weights) for n in weights_by_name}
+        return WeightedSum(members, weights_by_name)
     return mmreward.load(name, checkpoint=checkpoint, device=device, dtype=dtype, weights=weights,
                          **json.loads(options_json))
 
@@ -66,9 +98,9 @@ class RewardConfig:
     """The reward a trainer's kwargs choose, plus how its values are shaped and batched."""
 
     def __init__(self, reward: Any, scale: float, shift: float, batch_size: int | None, key: tuple,
-                 failure_value: float = DEFAULT_FAILURE_VALUE) -> None:
+                 failure_value: float = DEFAULT_FAILURE_VALUE, details: bool = False) -> None:
         self.reward, self.scale, self.shift, self.batch_size, self.key = reward, scale, shift, batch_size, key
-        self.failure_value = failure_value
+        self.failure_value, self.details = failure_value, details
 
 
 def split_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> dict[str, Any]:
@@ -109,11 +141,41 @@ def reward_from_kwargs(kwargs: dict[str, Any], trainer: str = "verl") -> RewardC
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"{trainer} reward kwargs: batch_size must be >= 1, got {batch_size}")
     checkpoint, device, dtype = (None if opts.get(k) is None else str(opts[k]) for k in ("checkpoint", "device", "dtype"))
+    details = opts.get("details", False)
+    if not isinstance(details, bool):
+        raise ConfigError(f"{where}: details must be true or false, got {details!r}")
+    rewards_json = _rewards_json(opts, where)
+    server = opts.get("server")
+    if server is not None and (not isinstance(server, str) or not server.startswith(("http://", "https://"))):
+        raise ConfigError(f"{where}: server must be the URL of `mmreward serve` (http://host:port), got {server!r}")
+    chosen = [k for k in ("reward", "rewards", "server") if opts.get(k) is not None]
+    if len(chosen) > 1:
+        raise ConfigError(f"{where}: name the reward once: one of reward, rewards or server, got {chosen}")
+    if (rewards_json or server) and (checkpoint is not None or options):
+        raise ConfigError(f"{where}: checkpoint and options apply to a single `reward`; with rewards/server "
+                          "name each reward by name or name:tag")
     key = (str(opts.get("reward", "clipscore")), checkpoint, device, dtype, str(opts.get("weights", "pretrained")),
-           options_json)
+           options_json, rewards_json, server)
     with _load_lock:
         reward = _cached_reward(*key)
-    return RewardConfig(reward, scale, shift, batch_size, key + (scale, shift, batch_size, failure_value), failure_value)
+    return RewardConfig(reward, scale, shift, batch_size, key + (scale, shift, batch_size, failure_value, details),
+                        failure_value, details)
+
+
+def _rewards_json(opts: dict[str, Any], where: str) -> str | None:
+    """`rewards: {name: weight}` as canonical JSON (the cache key), or None when not given."""
+    rewards = opts.get("rewards")
+    if rewards is None:
+        return None
+    if not isinstance(rewards, dict) or not rewards:
+        raise ConfigError(f"{where}: rewards must be a non-empty mapping {{name: weight}}, got {rewards!r}")
+    clean = {}
+    for name, weight in rewards.items():
+        if not isinstance(name, str) or not name or name == "score":
+            # 'score' is verl's key for the training reward itself
+            raise ConfigError(f"{where}: rewards: names must be reward names other than 'score', got {name!r}")
+        clean[name] = finite_number(weight, f"rewards[{name!r}]", where)
+    return json.dumps(clean, sort_keys=True)
 
 
 def _sample_media(data_source: Any, ground_truth: Any, extra_info: Any) -> str:
@@ -131,17 +193,40 @@ def _values(values: Sequence[float | None], failure_value: float) -> list[float]
     return [failure_value if v is None else v for v in values]
 
 
+# the component names each reward reported, so that a failed sample gets the same keys (verl stacks
+# reward_extra_info key by key over the batch and fails on a key missing from one sample)
+_detail_keys: dict[int, list[str]] = {}
+
+
+def _answers(reward: Any, rows: Sequence[tuple[float | None, dict[str, float]]], failure_value: float,
+             details: bool) -> list[Any]:
+    """Floats, or with details one {"score": ..., <component>: ...} dict per sample with the same keys."""
+    values = _values([v for v, _ in rows], failure_value)
+    if not details:
+        return values
+    keys = list(getattr(reward, "member_names", None) or [])
+    if not keys:
+        keys = next((list(d) for _, d in rows if d), None) or _detail_keys.get(id(reward), [])
+    _detail_keys[id(reward)] = keys
+    return [{"score": v, **{k: d.get(k, failure_value) for k in keys}} for v, (_, d) in zip(values, rows)]
+
+
 def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, batch: bool = False,
-                       batch_size: int | None = None, failure_value: float = DEFAULT_FAILURE_VALUE):
-    """A verl compute_score (per-sample, or batched with batch=True) bound to a loaded reward."""
+                       batch_size: int | None = None, failure_value: float = DEFAULT_FAILURE_VALUE,
+                       details: bool = False):
+    """A verl compute_score (per-sample, or batched with batch=True) bound to a loaded reward.
+
+    details=True answers {"score": value, <component>: raw score, ...} per sample (for GDPO).
+    """
     where = "verl compute_score"
     scale, shift = finite_number(scale, "scale", where), finite_number(shift, "shift", where)
     failure_value = check_failure_value(failure_value, where, allow_none=False)
 
-    def one(data_source, solution_str, ground_truth, extra_info=None, **_: Any) -> float:
+    def one(data_source, solution_str, ground_truth, extra_info=None, **_: Any) -> Any:
         media = _sample_media(data_source, ground_truth, extra_info)
-        return _values(score_pairs(reward, [solution_str], [media], scale=scale, shift=shift,
-                                   failure_value=failure_value), failure_value)[0]
+        rows = score_pairs_detailed(reward, [solution_str], [media], scale=scale, shift=shift,
+                                    failure_value=failure_value)
+        return _answers(reward, rows, failure_value, details)[0]
 
     def many(data_sources, solution_strs, ground_truths, extra_infos=None, **_: Any) -> list[float]:
         n = len(solution_strs)
@@ -152,25 +237,29 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, b
                 f"sample; got {len(data_sources)}, {n}, {len(ground_truths)}, {len(extra_infos)}"
             )
         media = [_sample_media(s, g, i) for s, g, i in zip(data_sources, ground_truths, extra_infos)]
-        return _values(score_pairs(reward, list(solution_strs), media, scale=scale, shift=shift,
-                                   batch_size=batch_size, failure_value=failure_value), failure_value)
+        rows = score_pairs_detailed(reward, list(solution_strs), media, scale=scale, shift=shift,
+                                    batch_size=batch_size, failure_value=failure_value)
+        return _answers(reward, rows, failure_value, details)
 
     return many if batch else one
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> float:
-    """verl entry point (per sample); reward kwargs choose the reward, verl's own kwargs are ignored."""
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> Any:
+    """verl entry point (per sample; every 0.9.1 manager, the only one `remote` accepts): a float, or
+    a dict with `details: true`. Reward kwargs choose the reward, verl's own kwargs are ignored."""
     cfg = reward_from_kwargs(kwargs)
-    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, failure_value=cfg.failure_value)(
+    return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, failure_value=cfg.failure_value,
+                              details=cfg.details)(
         data_source, solution_str, ground_truth, extra_info
     )
 
 
-def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs: Any) -> list[float]:
-    """verl entry point for reward_manager=batch: one reward call per batch_size samples."""
+def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs: Any) -> list[Any]:
+    """Legacy entry point for verl's BatchRewardManager (reward_manager=batch, verl before the Reward Loop;
+    verl 0.9.1's trainer has no batch manager): one reward call per batch_size samples."""
     cfg = reward_from_kwargs(kwargs)
     return make_compute_score(cfg.reward, scale=cfg.scale, shift=cfg.shift, batch=True, batch_size=cfg.batch_size,
-                              failure_value=cfg.failure_value)(
+                              failure_value=cfg.failure_value, details=cfg.details)(
         data_sources, solution_strs, ground_truths, extra_infos
     )
 
@@ -184,10 +273,10 @@ class _MicroBatcher:
 
     def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
-        self.pending: list[tuple[str, str, asyncio.Future]] = []
+        self.pending: list[tuple[str, str, asyncio.Future]] = []  # (text, media, answer)
         self.draining = False
 
-    async def score(self, text: str, media: str) -> float:
+    async def score(self, text: str, media: str) -> Any:
         fut = asyncio.get_running_loop().create_future()
         self.pending.append((text, media, fut))
         if not self.draining:
@@ -202,16 +291,17 @@ class _MicroBatcher:
                 limit = self.cfg.batch_size or len(self.pending)
                 batch, self.pending = self.pending[:limit], self.pending[limit:]
                 try:
-                    values = await asyncio.to_thread(
-                        score_pairs, self.cfg.reward, [t for t, _, _ in batch], [m for _, m, _ in batch],
+                    rows = await asyncio.to_thread(
+                        score_pairs_detailed, self.cfg.reward, [t for t, _, _ in batch], [m for _, m, _ in batch],
                         scale=self.cfg.scale, shift=self.cfg.shift, failure_value=self.cfg.failure_value,
                     )
+                    answers = _answers(self.cfg.reward, rows, self.cfg.failure_value, self.cfg.details)
                 except Exception as exc:  # handed to every waiting sample, not swallowed
                     for _, _, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
-                for (_, _, fut), value in zip(batch, _values(values, self.cfg.failure_value)):
+                for (_, _, fut), value in zip(batch, answers):
                     if not fut.done():
                         fut.set_result(value)
         finally:
@@ -222,7 +312,7 @@ class _MicroBatcher:
 _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _MicroBatcher]] = weakref.WeakKeyDictionary()
 
 
-async def compute_score_async(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> float:
+async def compute_score_async(data_source, solution_str, ground_truth, extra_info=None, **kwargs: Any) -> Any:
     """verl Reward Loop entry point (`custom_reward_function.name=compute_score_async`).
 
     Concurrent calls in one worker are scored together (up to batch_size per reward call).
