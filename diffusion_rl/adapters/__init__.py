@@ -96,6 +96,8 @@ __all__ = [
 # registration order
 from diffusion_rl.adapters import (  # noqa: E402, F401
     flux2,  # Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline (FLUX.2-klein)
+    hunyuan_video15,  # HunyuanVideo15Pipeline (HunyuanVideo 1.5 text-to-video)
+    ltx2,  # LTX2Pipeline (LTX-2: video with audio)
     qwen_image,  # QwenImagePipeline (Qwen-Image text-to-image)
     wan22,  # Wan 2.2 (WanImageToVideoPipeline)
     z_image,  # ZImagePipeline (Z-Image, Z-Image-Turbo)
