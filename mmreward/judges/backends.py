@@ -182,13 +182,17 @@ class TransformersBackend(JudgeBackend):
             tok.padding_side = old
         return model_inputs(batch, self.device, self.dtype)
 
-    def generate(self, requests, *, n=1, temperature=0.0, seed=0, max_new_tokens: int | None = None):
+    def generate(self, requests, *, n=1, temperature=0.0, seed=0, max_new_tokens: int | None = None,
+                 top_p: float | None = None, top_k: int | None = None):
+        """`top_p`/`top_k` (sampling only): None keeps the checkpoint's generation_config values, which for
+        the Qwen-VL instruct releases (top_k 1) would make sampling greedy: judges that sample pass theirs."""
         inputs = self._batch(requests, padding_side="left")
         sample = temperature > 0
         kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": sample,
                   "num_return_sequences": n}
         if sample:
             kwargs["temperature"] = temperature
+            kwargs.update({k: v for k, v in (("top_p", top_p), ("top_k", top_k)) if v is not None})
             torch.manual_seed(seed)
         elif n > 1:
             raise RewardInputError("n > 1 samples need temperature > 0 (greedy decoding repeats itself)")

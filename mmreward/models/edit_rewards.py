@@ -28,13 +28,15 @@ its README):
 - two requests per item through the checkpoint's chat template with Qwen's default system turn:
   SC (semantic consistency) shows '<img1>: ' source, '<img2>: ' edited, then the SC prompt with the
   instruction; PQ (perceptual quality) shows '<img1>: ' edited, then the PQ prompt (the official layout of
-  `qwen25vl.apply_chat_template`);
+  `qwen25vl.apply_chat_template`), as `EditScore.evaluate` (the README's entry point) sends them;
+  `batch_evaluate` @ 35ddc1a would send both images with the PQ prompt;
 - each answer is JSON {"reasoning": ..., "score": [..]} (repaired when malformed, as its parser does);
   SC = min(SC scores) / (range / 10), PQ = min(PQ scores) / (range / 10), overall = sqrt(SC * PQ) on 0..10;
   details: prompt_following (SC score 1), consistency (SC score 2), perceptual_quality, SC, PQ;
-- decoding as the official: sampling at temperature 0.7, top-p 0.9, top-k 20 is theirs; we sample at
-  `temperature` (0.7) with the backend's defaults, `num_pass` passes averaged ('average_last'), seeds
-  seed + pass. temperature=0 gives greedy, deterministic rewards.
+- decoding as the official (editscore/mllm_tools/qwen25vl.py): sampling at `temperature` (0.7) with top-p 0.9,
+  top-k 20, the seed set before each of the SC and PQ calls, `num_pass` passes averaged ('average_last'), seeds
+  seed + pass; images resized as its qwen_vl_utils does (Pillow's bicubic on 8-bit values, 4..16384 patches).
+  temperature=0 gives greedy, deterministic rewards. Over HTTP top-p/top-k are the server's.
 - weights: the base Qwen2.5-VL-7B-Instruct plus the EditScore LoRA adapter (EditScore/EditScore-7B), merged
   with peft after a strict key check; or a served merged model (backend='openai').
 Deviation, on purpose: where the official code guesses (a random score when unparsable, range / 2 for an
@@ -192,12 +194,15 @@ def _scores_of(data) -> list[float] | None:
 def parse_editscore_output(text: str) -> list[float] | None:
     """The score list of an EditScore answer, or None when there is none.
 
-    Follows the official parser's stages: the text between two '||V^=^V||' delimiters, else the outermost
+    Follows the official parser's stages (editscore/utils.py `mllm_output_to_dict`): curly quotes made ASCII,
+    the text between two '||V^=^V||' delimiters, else the outermost
     {...}; JSON; then Python-style literals (single quotes, True/None) and unquoted keys; then the numbers of
     the list after a 'score' key; a bare '[a, b]' list or a bare number. Unlike the official last resort we
     read only the bracketed list after 'score' (numbers quoted in the reasoning are not scores)."""
     if not isinstance(text, str) or not text.strip():
         return None
+    # curly quotes -> ASCII first, as the official `normalize_quotes` does before parsing
+    text = text.replace("\u201c", '"').replace("\u201d", '"').replace("\u2018", "'").replace("\u2019", "'")
     if text.count(EDITSCORE_DELIMITER) == 2:
         body = text.split(EDITSCORE_DELIMITER)[1].strip()
     else:
@@ -252,6 +257,12 @@ class EditScore(Reward):
         self.score_range, self.temperature, self.num_pass = score_range, float(temperature), num_pass
         self.seed, self.reduction = seed, reduction
         self.sc_template, self.pq_prompt = editscore_prompts(score_range)
+        # Qwen25VL.inference samples with top_p 0.9, top_k 20 (not the checkpoint's generation_config, whose
+        # top_k 1 would make the 0.7 temperature greedy); passed where the backend takes them
+        import inspect
+
+        params = inspect.signature(backend.generate).parameters
+        self._sampling = {k: v for k, v in (("top_p", 0.9), ("top_k", 20)) if k in params}
 
     def requests(self, instructions, sources, edited):
         """The (SC, PQ) judge requests of a batch, in the official layout."""
@@ -278,7 +289,8 @@ class EditScore(Reward):
         for k in range(self.num_pass):
             # two calls: a backend batch holds requests with the same number of images
             outs = [o[0] for req in (sc_req, pq_req)
-                    for o in self.backend.generate(req, n=1, temperature=self.temperature, seed=self.seed + k)]
+                    for o in self.backend.generate(req, n=1, temperature=self.temperature, seed=self.seed + k,
+                                                   **self._sampling)]
             texts = texts or outs
             rows = []
             for sc_text, pq_text in zip(outs[: len(prompts)], outs[len(prompts):]):
@@ -294,7 +306,8 @@ class EditScore(Reward):
         failed = torch.stack([torch.isnan(p[:, 2]) | torch.isnan(p[:, 3]) for p in passes]).float().mean(dim=0)
         details = {"prompt_following": mean[:, 0], "consistency": mean[:, 1], "SC": mean[:, 2],
                    "perceptual_quality": mean[:, 3], "parse_failed": failed}
-        rationales = [f"SC: {a}\n\nPQ: {b}" for a, b in zip(texts[: len(prompts)], texts[len(prompts):])]
+        # stripped, as Qwen25VL.inference returns its answers
+        rationales = [f"SC: {a.strip()}\n\nPQ: {b.strip()}" for a, b in zip(texts[: len(prompts)], texts[len(prompts):])]
         return RewardOutput(overall, details, rationales)
 
 
@@ -371,5 +384,6 @@ def load_editscore(checkpoint=None, *, weights="pretrained", base_model: str = "
         vlm = merge_peft_lora(vlm, checkpoint).eval()
     backend = TransformersBackend(vlm, processor, min_pixels=backend_opts.get("min_pixels", QWEN_VL_UTILS_MIN_PIXELS),
                                   max_pixels=backend_opts.get("max_pixels", QWEN_VL_UTILS_MAX_PIXELS),
-                                  max_new_tokens=backend_opts["max_new_tokens"])
+                                  max_new_tokens=backend_opts["max_new_tokens"],
+                                  resize="8-bit")  # qwen_vl_utils' Pillow bicubic, as Qwen25VL.prepare_input
     return EditScore(backend, **options)
