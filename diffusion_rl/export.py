@@ -4,6 +4,12 @@
   adapter's peft config (`r`, `lora_alpha`, `target_modules`, ...) in the safetensors header, so
   `pipe.load_lora_weights(final)` rebuilds the adapter with the trained scaling `lora_alpha / r`. Without that
   header diffusers assumes `lora_alpha = r`, which scales the trained update by `r / lora_alpha`.
+- A denoiser made of several pipeline components (Wan 2.2 A14B's two experts, `WanExperts`) writes one LoRA
+  folder per trained component, named after the pipeline attribute, because diffusers' `WanLoraLoaderMixin` loads
+  one file per expert, its keys under the `transformer.` prefix in both: `pipe.load_lora_weights(final /
+  "transformer")` for the high-noise expert and `pipe.load_lora_weights(final / "transformer_2",
+  load_into_transformer_2=True)` for the low-noise one. Nothing sits at the top of `final/`, so a plain
+  `load_lora_weights(final)` fails instead of loading one expert's update into the other.
 - Full fine-tune: the whole pipeline (`model_index.json` and every component, safetensors) with the trained
   denoiser in place, so `DiffusionPipeline.from_pretrained(final)` is the trained model. Under FSDP the
   denoiser's shards are first gathered through `torch.distributed.checkpoint.state_dict`, as checkpoints are,
@@ -82,37 +88,67 @@ def lora_layers_and_metadata(model: torch.nn.Module, family: str,
     return layers, configs[adapter_name].to_dict()
 
 
+def denoiser_components(model: torch.nn.Module, denoiser_attr: str) -> dict[str, torch.nn.Module]:
+    """The pipeline components the trained denoiser stands for, by pipeline attribute: `{denoiser_attr: model}`,
+    or, for a module holding several (Wan 2.2's `WanExperts`), what its `pipeline_components()` names."""
+    named = getattr(model, "pipeline_components", None)
+    return dict(named()) if callable(named) else {denoiser_attr: model}
+
+
 def export_lora(pipeline: Any, model: torch.nn.Module, denoiser_attr: str, family: str, path: str | Path,
                 is_main_process: bool = True) -> Path:
     """Write the denoiser's LoRA adapter to `path` with the pipeline class's `save_lora_weights`, alpha and
     target modules included; `pipe.load_lora_weights(path)` on the base pipeline restores the trained model.
+    A denoiser of several components writes one subfolder per component that has an adapter (module docstring).
     Under FSDP every process calls it (the shards are gathered) and only the main process writes."""
-    layers, metadata = lora_layers_and_metadata(model, family)
+    components = denoiser_components(model, denoiser_attr)
     save = type(pipeline).save_lora_weights
     path = Path(path)
+    if len(components) == 1:
+        layers, metadata = lora_layers_and_metadata(model, family)
+        if not is_main_process:
+            return path
+        with atomic_folder(path) as tmp:
+            save(str(tmp), **{f"{denoiser_attr}_lora_layers": layers,
+                              f"{denoiser_attr}_lora_adapter_metadata": metadata},
+                 weight_name=LORA_WEIGHT_NAME, safe_serialization=True)
+        return path
+    # every process gathers the same components in the same order (FSDP collectives)
+    per_component = {attr: lora_layers_and_metadata(module, family) for attr, module in components.items()
+                     if "default" in (getattr(module, "peft_config", None) or {})}
+    if not per_component:
+        raise ConfigError(f"export: none of the denoiser's components {sorted(components)} has a LoRA adapter; "
+                          "export a LoRA run, or a full fine-tune with model.lora=false")
     if not is_main_process:
         return path
+    # the loader's save_lora_weights takes its primary transformer's layers only; `load_into_transformer_2`
+    # reads the same `transformer.` prefix, so every component's file is written under that name
+    name = getattr(type(pipeline), "transformer_name", denoiser_attr)
     with atomic_folder(path) as tmp:
-        save(str(tmp), **{f"{denoiser_attr}_lora_layers": layers,
-                          f"{denoiser_attr}_lora_adapter_metadata": metadata},
-             weight_name=LORA_WEIGHT_NAME, safe_serialization=True)
+        for attr, (layers, metadata) in per_component.items():
+            save(str(tmp / attr), **{f"{name}_lora_layers": layers, f"{name}_lora_adapter_metadata": metadata},
+                 weight_name=LORA_WEIGHT_NAME, safe_serialization=True)
     return path
 
 
 def export_pipeline(pipeline: Any, model: torch.nn.Module, denoiser_attr: str, path: str | Path) -> Path:
     """Write the whole pipeline with `model` as its denoiser (safetensors, diffusers' folder layout), so that
     `DiffusionPipeline.from_pretrained(path)` loads the trained model. Components keep their dtypes: the
-    denoiser is saved in its training precision (fp32 master weights); pass `torch_dtype` when loading."""
-    original = getattr(pipeline, denoiser_attr)
+    denoiser is saved in its training precision (fp32 master weights); pass `torch_dtype` when loading.
+    A denoiser of several components (Wan 2.2's experts) puts each in its own pipeline attribute."""
+    components = denoiser_components(model, denoiser_attr)
+    originals = {attr: getattr(pipeline, attr) for attr in components}
     path = Path(path)
     with atomic_folder(path) as tmp:
         # the pipeline may hold the module the accelerator wrapped, or a different object under DDP: save the
         # trained one, then put back whatever was there
-        setattr(pipeline, denoiser_attr, model)
         try:
+            for attr, module in components.items():
+                setattr(pipeline, attr, module)
             pipeline.save_pretrained(str(tmp), safe_serialization=True)
         finally:
-            setattr(pipeline, denoiser_attr, original)
+            for attr, module in originals.items():
+                setattr(pipeline, attr, module)
     return path
 
 
@@ -133,6 +169,10 @@ def export_sharded_pipeline(pipeline: Any, model: torch.nn.Module, denoiser_attr
     from accelerate import init_empty_weights
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    if len(denoiser_components(model, denoiser_attr)) > 1:  # checked before the collective: every process raises
+        raise ConfigError(f"export: a full FSDP fine-tune of a denoiser with several components "
+                          f"({sorted(denoiser_components(model, denoiser_attr))}, Wan 2.2's experts) cannot be "
+                          "exported as a pipeline folder yet; train with model.lora=true, or without FSDP")
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not is_main_process:
         return Path(path)

@@ -113,7 +113,9 @@ class Policy:
     def export(self, path: Path, adapter: PipelineAdapter, lora: bool) -> Path:
         """Save the trained model (the EMA weights, if kept) for inference in diffusers: the LoRA adapter with
         its alpha and targets (`pipe.load_lora_weights(path)`), or the whole pipeline with the trained denoiser
-        (`DiffusionPipeline.from_pretrained(path)`); see `diffusion_rl.export`."""
+        (`DiffusionPipeline.from_pretrained(path)`); see `diffusion_rl.export`. Wan 2.2's two experts give one
+        LoRA folder per trained expert (`path/transformer`, `path/transformer_2`: load the second with
+        `load_into_transformer_2=True`), or a pipeline folder with each expert in its own component."""
         from diffusion_rl.export import export_lora, export_pipeline, export_sharded_pipeline
 
         model, main = self.unwrapped, self.accelerator.is_main_process

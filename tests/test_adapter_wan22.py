@@ -196,9 +196,14 @@ def test_one_grpo_iteration_trains_lora_on_both_experts(t2v_dir, tmp_path):
     assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first ratio is 1: same expert on both paths
     changed = {names[id(p)].split(".")[0] for a, p in zip(before, trainer.trainable) if not torch.equal(a, p.detach())}
     assert changed == {"high", "low"}
-    # not built yet: one diffusers LoRA file per expert; until then the export says so instead of mislabelling keys
-    with pytest.raises(ConfigError, match="two-expert Wan 2.2"):
-        trainer.export()
+    # the export is one diffusers LoRA folder per expert, each under the loader's `transformer.` prefix
+    final = trainer.export()
+    assert sorted(p.name for p in final.iterdir()) == ["transformer", "transformer_2"]
+    from diffusers import WanPipeline
+
+    for attr in ("transformer", "transformer_2"):
+        layers = WanPipeline.lora_state_dict(str(final / attr))
+        assert layers and all(k.startswith("transformer.blocks.") for k in layers)
 
 
 @pytest.mark.parametrize("lora_experts", ["high", "low"])
@@ -286,3 +291,66 @@ def test_config_keys_reach_the_two_expert_adapter(t2v_dir, tmp_path, tiny_pipeli
         Trainer(from_dict(other))
     with pytest.raises(ConfigError, match="lora_experts"):
         from_dict({**raw, "model": {**raw["model"], "lora_experts": "middle"}})
+
+
+@pytest.mark.parametrize("lora_experts", ["both", "high", "low"])
+def test_lora_export_per_expert_reloads_into_a_fresh_pipeline_as_the_trained_policy(t2v_dir, tmp_path, lora_experts):
+    """After one GRPO iteration, the export loaded the way diffusers documents two-expert Wan 2.2 LoRAs
+    (WanLoraLoaderMixin.load_lora_weights, `load_into_transformer_2=True` for the low-noise expert) into a fresh
+    WanPipeline gives the trained policy's ODE rollout. lora_alpha != rank, so the scaling must come from the
+    files' metadata."""
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.pipelines import load_pipeline
+    from diffusion_rl.trainer import Trainer
+
+    raw = _run_cfg(t2v_dir, tmp_path)
+    raw["model"].update(lora_experts=lora_experts, lora_alpha=8)
+    trainer = Trainer(from_dict(raw))
+    trainer.train_iteration(0)
+    final = trainer.export()
+    written = {"both": ["transformer", "transformer_2"], "high": ["transformer"], "low": ["transformer_2"]}
+    assert sorted(p.name for p in final.iterdir()) == written[lora_experts]
+    adapter = trainer.adapter
+    with torch.no_grad():
+        traj = rollout(adapter, adapter.encode(PROMPTS), [0, 1], [0, 0], num_steps=STEPS, guidance_scale=4.0,
+                       kernel=Kernel("ode", 0.0), decode=False)
+    kw = {"num_inference_steps": STEPS, "guidance_scale": 4.0, "height": H, "width": W, "num_frames": FRAMES,
+          "max_sequence_length": MSL, "output_type": "latent"}
+
+    def sample(pipe):
+        return pipe(PROMPTS, latents=traj.latents[:, 0].clone(), **kw).frames
+
+    loaded = _euler(load_pipeline(t2v_dir))
+    for attr in written[lora_experts]:
+        loaded.load_lora_weights(str(final / attr), load_into_transformer_2=attr == "transformer_2")
+    assert ("lora_A" in str(loaded.transformer)) == (lora_experts != "low")
+    assert ("lora_A" in str(loaded.transformer_2)) == (lora_experts != "high")
+    trained, base = traj.latents[:, -1], sample(_euler(load_pipeline(t2v_dir)))
+    assert float((base - trained).abs().max()) > 1e-3, "training did not move the rollout; the round trip proves nothing"
+    assert_close_scaled(sample(loaded), trained, rel=1e-5)
+    # the folder holds no top-level file: a plain load_lora_weights(final) cannot put one expert's update in the other
+    with pytest.raises((OSError, EnvironmentError, ValueError)):
+        _euler(load_pipeline(t2v_dir)).load_lora_weights(str(final))
+
+
+def test_full_fine_tune_export_writes_each_expert_to_its_component(t2v_dir, tmp_path):
+    """model.lora=false: the exported pipeline folder holds the trained high expert as `transformer` and the trained
+    low expert as `transformer_2`, loadable with DiffusionPipeline.from_pretrained."""
+    from diffusers import DiffusionPipeline, WanTransformer3DModel
+
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    raw = _run_cfg(t2v_dir, tmp_path)
+    raw["model"]["lora"] = False
+    trainer = Trainer(from_dict(raw))
+    experts = trainer.adapter.denoiser
+    with torch.no_grad():  # stand-ins for trained weights, different per expert
+        experts.high.proj_out.weight.add_(1.0)
+        experts.low.proj_out.weight.sub_(1.0)
+    loaded = DiffusionPipeline.from_pretrained(str(trainer.export()))
+    assert type(loaded.transformer) is WanTransformer3DModel and type(loaded.transformer_2) is WanTransformer3DModel
+    assert loaded.config.boundary_ratio == 0.875
+    assert torch.equal(loaded.transformer.proj_out.weight, experts.high.proj_out.weight.detach())
+    assert torch.equal(loaded.transformer_2.proj_out.weight, experts.low.proj_out.weight.detach())
+    assert trainer.adapter.pipeline.transformer is experts.high  # the pipeline's components are put back

@@ -12,7 +12,8 @@ pipeline's default: guidance_scale). Whether CFG runs at all is decided by guida
   timestep selects (the training path draws steps per item, so one batch may need both), so the output — and
   the kernel's log-prob built from it — is that expert's at every step;
 - LoRA goes on both experts or one (`lora_experts`: 'both', 'high', 'low'); only the chosen experts get adapters
-  or, without LoRA, trainable weights, so the policy's trainable parameters follow;
+  or, without LoRA, trainable weights, so the policy's trainable parameters follow; the export writes one
+  diffusers LoRA folder per trained expert (`final/transformer`, `final/transformer_2`, see diffusion_rl.export);
 - image-to-video (`WanImageToVideoPipeline`): each prompt is an edit record (`mmreward.edit.EditPrompt`) whose
   source image is the first frame. As the pipeline does it, the image is resized to the video size, followed by
   num_frames - 1 black frames, VAE-encoded (the mode), normalised with the VAE's mean/std, and prefixed by a
@@ -97,13 +98,11 @@ class WanExperts(torch.nn.Module):
             module.requires_grad_(requires_grad and module in self.trained)
         return self
 
-    @property
-    def peft_config(self):
-        # export.lora_layers_and_metadata reads this: one LoRA file cannot hold two experts under diffusers' names
-        raise ConfigError("exporting the LoRA of a two-expert Wan 2.2 policy as one diffusers LoRA file is not "
-                          "supported yet (WanLoraLoaderMixin loads one file per expert: load_lora_weights(..., "
-                          "load_into_transformer_2=True) for the low-noise one); export a full pipeline with "
-                          "model.lora=false, or save the policy checkpoint")
+    def pipeline_components(self) -> dict[str, torch.nn.Module]:
+        """The experts by pipeline attribute, for `diffusion_rl.export`: a LoRA export writes one diffusers LoRA
+        folder per trained expert (`transformer/`, `transformer_2/`: WanLoraLoaderMixin loads the second with
+        `load_into_transformer_2=True`), a full export puts each expert in its own pipeline component."""
+        return {"transformer": self.high, "transformer_2": self.low}
 
 
 class Wan22Adapter(WanAdapter):
@@ -206,15 +205,30 @@ class Wan22Adapter(WanAdapter):
         scale_2 = guidance_scale if self.guidance_scale_2 is None else float(self.guidance_scale_2)
         high = self.expert_of(t).to(x.device)
         if bool(high.all()):
-            return self._expert_output(model, "high", x, t, embeds, guidance_scale, cfg)
+            return self._tied_to_trained(self._expert_output(model, "high", x, t, embeds, guidance_scale, cfg), "high")
         if not bool(high.any()):
-            return self._expert_output(model, "low", x, t, embeds, scale_2, cfg)
+            return self._tied_to_trained(self._expert_output(model, "low", x, t, embeds, scale_2, cfg), "low")
         out = x.new_zeros(x.shape, dtype=torch.float32)
         for expert, sel, scale in (("high", high, guidance_scale), ("low", ~high, scale_2)):
             idx = sel.nonzero().squeeze(1)
             part = self._expert_output(model, expert, x[idx], t[idx], embeds.index(idx), scale, cfg)
             out = out.index_put((idx,), part)  # out of place: gradients reach both experts' parts
         return out
+
+    def _tied_to_trained(self, out: torch.Tensor, ran: str) -> torch.Tensor:
+        """`out` + 0 x (the trained experts' parameters) when grad is on and only a frozen expert ran (LoRA on
+        one expert, a micro-batch of the other one's steps): the loss then has a graph, so backward runs and every
+        trained parameter gets its true gradient, zero (under DDP, every process reduces the same parameters)."""
+        experts = self._experts
+        if experts is None or not torch.is_grad_enabled() or experts.lora_experts in ("both", ran):
+            return out
+        from torch.distributed.tensor import DTensor
+
+        params = [p for m in experts.trained for p in m.parameters() if p.requires_grad]
+        if not params:
+            return out
+        zero = sum((p.to_local() if isinstance(p, DTensor) else p).sum().to(out.device, out.dtype) for p in params)
+        return out + 0.0 * zero
 
 
 class _OneExpertView:
