@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from mmreward.errors import ConfigError
+from mmreward.safe_parse import safe_json
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".run.lock"
@@ -71,8 +72,8 @@ def choose_output_dir(folder: Path, *, resuming: bool, overwrite: bool, new_run_
 
 def read_run_id(folder: Path) -> str | None:
     try:
-        data = json.loads((folder / RUN_FILE).read_text())
-    except (OSError, ValueError):
+        data = safe_json((folder / RUN_FILE).read_text())
+    except (OSError, ValueError):  # UnsafeJSONError is a ValueError too
         return None
     run_id = data.get("run_id") if isinstance(data, dict) else None
     return run_id if isinstance(run_id, str) and run_id else None

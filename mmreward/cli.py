@@ -204,10 +204,14 @@ def _jsonl_rows(path: str, flag: str, media_keys: tuple[str, ...]) -> Iterator[t
         if not line.strip():
             continue
         where = f"{flag} {path} line {lineno}"
+        from mmreward.safe_parse import UnsafeJSONError, safe_json
+
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not JSON ({exc.msg}); each line must be an object like {shape}") from None
+            row = safe_json(line)
+        except UnsafeJSONError as exc:  # duplicate keys, deep nesting
+            raise ConfigError(f"{where}: refused ({exc}); each line must be an object like {shape}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not JSON ({exc}); each line must be an object like {shape}") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{where}: expected a JSON object like {shape}, got {type(row).__name__}")
         for key in media_keys:

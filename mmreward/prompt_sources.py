@@ -19,12 +19,12 @@ the clauses from the row instead of parsing the prompt) through `score_with_meta
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mmreward.errors import ConfigError
+from mmreward.safe_parse import load_json
 from mmreward.text_checks import check_text  # noqa: F401 - also imported from here by callers
 from mmreward.types import Reward, RewardOutput
 
@@ -95,10 +95,8 @@ def _read_jsonl(path: Path, where: str) -> PromptList:
     for lineno, line in enumerate(read_utf8(path, where).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: {path}:{lineno} is not valid JSON: {exc}") from None
+        # duplicate keys, deep nesting: refused in one line, never a RecursionError (mmreward.safe_parse)
+        row = load_json(line, source=f"{where}: {path}:{lineno}", error=ConfigError)
         prompt, meta = _row(row, f"{where}: {path}:{lineno}", path.parent)
         prompts.append(prompt)
         metadata.append(meta)

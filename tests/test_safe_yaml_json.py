@@ -103,3 +103,21 @@ def test_bench_annotation_files_refuse_duplicates_and_deep_nesting(tmp_path):
         read_records(tmp_path / "b.json")
     (tmp_path / "c.jsonl").write_text('{"prompt": "x"}\n')
     assert read_records(tmp_path / "c.jsonl") == [{"prompt": "x"}]
+
+
+def test_prompt_and_manifest_jsonl_refuse_duplicates_and_deep_nesting(tmp_path, capsys):
+    """The prompt metadata and `mmreward score --prompts manifest.jsonl` rows go through the same safe JSON."""
+    from mmreward import cli
+    from mmreward.errors import ConfigError
+    from mmreward.prompt_sources import load_prompts
+
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"prompt": "a", "x": ' + "[" * 20000 + "]" * 20000 + "}\n")
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"prompt": "a", "prompt": "b"}\n')
+    for path in (deep, dup):
+        with pytest.raises(ConfigError, match="refused"):
+            load_prompts(str(path))
+        rc = cli.main(["score", "--reward", "jpeg-compressibility", "--prompts", str(path), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err and "RecursionError" not in err, err
