@@ -8,6 +8,8 @@
     python benchmarks/rl_step.py [--pretrained PIPELINE_DIR] [--size 64] [--batch 8] [--steps 10]
     python benchmarks/rl_step.py --family wan [...]   # video: benchmarks/rl_step_video.py (its own options),
                                                       # with the peak memory of a step vs frames x resolution
+    python benchmarks/rl_step.py --family qwen_image  # also z_image, flux2, flux2_klein, wan22 (two experts),
+                                                      # wan_i2v: benchmarks/rl_step_families.py, one row
 
 Without --pretrained a tiny SD3 pipeline is built from config (random weights, real CLIP tokenizer).
 """
@@ -34,14 +36,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         family = argparse.ArgumentParser(add_help=False)
         family.add_argument("--family", default="image")
         known, rest = family.parse_known_args(argv)
-        if known.family not in ("image", "wan"):
-            print(f"rl_step.py: error: --family must be 'image' (SD3/FLUX/SD, default) or 'wan', got {known.family!r}",
-                  file=sys.stderr)
+        from benchmarks import rl_step_families
+
+        newer = sorted(rl_step_families.FAMILIES)
+        if known.family not in ("image", "wan", *newer):
+            print(f"rl_step.py: error: --family must be 'image' (SD3/FLUX/SD, default), 'wan' or one of {newer}, "
+                  f"got {known.family!r}", file=sys.stderr)
             return 2
         if known.family == "wan":  # video models have their own script (frames, memory grid)
             from benchmarks import rl_step_video
 
             return rl_step_video.main(rest)
+        if known.family in newer:  # one row of benchmarks/rl_step_families.py
+            return rl_step_families.main(["--families", known.family, *rest])
         argv = rest
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pretrained", help="a StableDiffusion3/FLUX/SD pipeline folder (default: tiny SD3)")

@@ -144,3 +144,26 @@ def test_gpu_scale_bf16_rewards_feed_the_bare_forward_its_dtype(tmp_path):
     report = json.loads(out.read_text())
     assert rc == 0 and report["dtype"] == "bfloat16"
     assert [(r["family"], r["status"]) for r in report["rows"]] == [("hpsv2", "ok"), ("imagereward", "ok")]
+
+
+def test_rl_step_newer_families_report_both_ratios(tmp_path, capsys):
+    """benchmarks/rl_step_families.py through rl_step.py's --family switch, on the cheapest image family and the
+    two-expert Wan 2.2 (whose bare step routes a batch over both experts)."""
+    from benchmarks import rl_step, rl_step_families
+
+    out = tmp_path / "rows.json"
+    assert rl_step.main(["--family", "z_image", "--batch", "2", "--steps", "2", "--repeats", "1",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert rl_step_families.main(["--families", "wan22", "--batch", "2", "--steps", "2", "--repeats", "1",
+                                  "--json", str(out)]) == 0
+    rows += json.loads(out.read_text())
+    assert [(r["family"], r["pipeline"]) for r in rows] == [("z_image", "ZImagePipeline"), ("wan22", "WanPipeline")]
+    for r in rows:
+        for key in ("rollout_s", "sampling_s", "trainer_s", "bare_s"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["family"], key)
+        assert r["rollout_ratio"] == pytest.approx(r["rollout_s"] / r["sampling_s"], rel=1e-12)
+        assert r["trainer_ratio"] == pytest.approx(r["trainer_s"] / r["bare_s"], rel=1e-12)
+        assert r["trained_steps"] == 1  # timestep_fraction 0.5 of 2 SDE steps
+    assert "wan22" in capsys.readouterr().out
+    assert set(rl_step_families.FAMILIES) == {"qwen_image", "z_image", "flux2", "flux2_klein", "wan22", "wan_i2v"}
