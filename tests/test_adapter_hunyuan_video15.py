@@ -147,13 +147,8 @@ def test_registered_and_bad_geometry_is_config_error(pipe):
         _guider(pipe, 6.0)
 
 
-def test_one_grpo_iteration_from_the_saved_folder_trains_the_attention_lora(tmp_path_factory, tmp_path):
-    from diffusion_rl.config import from_dict
-    from diffusion_rl.trainer import Trainer
-    from mmreward.testing.tiny_hunyuan_video15 import save_tiny_hunyuan_video15
-
-    pipe_dir = str(save_tiny_hunyuan_video15(tmp_path_factory.mktemp("hv15") / "pipe"))
-    cfg = {
+def _run_cfg(pipe_dir: str, out, prompts) -> dict:
+    return {
         "model": {"pretrained": pipe_dir, "height": H, "width": W, "lora_rank": 4, "lora_alpha": 4,
                   "max_sequence_length": MSL, "num_frames": FRAMES},
         "sample": {"num_steps": STEPS, "guidance_scale": 4.0, "kernel": "flow_sde", "noise_level": 0.7,
@@ -162,9 +157,18 @@ def test_one_grpo_iteration_from_the_saved_folder_trains_the_attention_lora(tmp_
                   "timestep_fraction": 1.0},
         "advantage": {"min_count": 2},
         "reward": {"rewards": {"mock": 1.0}},
-        "prompts": {"train": PROMPTS},
-        "log": {"output_dir": str(tmp_path), "eval_every": 0, "grid_every": 0, "progress": False},
+        "prompts": {"train": prompts},
+        "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
     }
+
+
+def test_one_grpo_iteration_from_the_saved_folder_trains_the_attention_lora(tmp_path_factory, tmp_path):
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+    from mmreward.testing.tiny_hunyuan_video15 import save_tiny_hunyuan_video15
+
+    pipe_dir = str(save_tiny_hunyuan_video15(tmp_path_factory.mktemp("hv15") / "pipe"))
+    cfg = _run_cfg(pipe_dir, tmp_path, PROMPTS)
     trainer = Trainer(from_dict(cfg))
     assert isinstance(trainer.adapter, HunyuanVideo15Adapter)
     names = {id(p): n for n, p in trainer.adapter.denoiser.named_parameters()}
@@ -182,3 +186,78 @@ def test_one_grpo_iteration_from_the_saved_folder_trains_the_attention_lora(tmp_
     assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # rollout and training paths agree before the update
     changed = [names[id(p)] for a, p in zip(before, trainer.trainable) if not torch.equal(a, p.detach())]
     assert any("transformer_blocks." in n for n in changed)
+
+
+# -- image-to-video ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def first_frame(tmp_path_factory):
+    import numpy as np
+    from PIL import Image
+
+    from mmreward.edit import EditPrompt
+
+    path = tmp_path_factory.mktemp("hv15_frames") / "frame.png"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(path)  # cropped to 16x16 by the pipeline
+    return Image.open(path).convert("RGB"), [EditPrompt(p, path) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def i2v():
+    from mmreward.testing.tiny_hunyuan_video15 import build_tiny_hunyuan_video15
+
+    p = build_tiny_hunyuan_video15(seed=0, guidance_scale=5.0, kind="i2v")
+    p.set_progress_bar_config(disable=True)
+    p.tokenizer_max_length = MSL
+    return p
+
+
+@pytest.mark.parity
+def test_i2v_ode_rollout_equals_hunyuan_video15_image_to_video_pipeline(i2v, first_frame):
+    from diffusion_rl.adapters.hunyuan_video15 import HunyuanVideo15I2VAdapter
+
+    image, prompts = first_frame
+    # the pipeline sizes the video from the image (its target-size bucket): 16x16 for a square image here
+    assert i2v.video_processor.calculate_default_height_width(20, 20, 16) == (H, W)
+    adapter = HunyuanVideo15I2VAdapter(i2v, H, W, MSL, FRAMES)
+    emb = adapter.encode(prompts)
+    assert emb.tensors["cond_latents"].shape == (2, 4, 3, 4, 4) and emb.tensors["image_embeds"].shape == (2, 16, 12)
+    assert (emb.tensors["cond_latents"][:, :, 1:] == 0).all() and emb.tensors["cond_latents"][:, :, 0].abs().max() > 0
+    traj = rollout(adapter, emb, [0, 1], [0, 0], num_steps=STEPS, guidance_scale=5.0, kernel=Kernel("ode", 0.0))
+    ref = i2v(image=image, prompt=PROMPTS, output_type="latent", latents=traj.latents[:, 0].clone(),
+              num_inference_steps=STEPS, num_frames=FRAMES).frames
+    record_parity("hunyuan_video15", original="diffusers==0.42.1 HunyuanVideo15ImageToVideoPipeline", how="package",
+                  actual=traj.latents[:, -1], expected=ref, cases=("image-to-video, first frame 20x20 -> 16x16, CFG 5",))
+    assert_close_scaled(traj.latents[:, -1], ref, rel=1e-5)
+    # the first frame matters: another image gives another video
+    other = emb.tensors["cond_latents"].clone()
+    other[:, :, 0] = -other[:, :, 0]
+    emb2 = type(emb)({**emb.tensors, "cond_latents": other})
+    moved = rollout(adapter, emb2, [0, 1], [0, 0], num_steps=STEPS, guidance_scale=5.0, kernel=Kernel("ode", 0.0),
+                    decode=False)
+    assert (moved.latents[:, -1] - ref).abs().max() > 1e-3 * ref.abs().max()
+
+
+def test_i2v_needs_first_frames_and_trains_from_jsonl_rows(i2v, first_frame, tmp_path_factory, tmp_path):
+    import json
+
+    from diffusion_rl.adapters.hunyuan_video15 import HunyuanVideo15I2VAdapter
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+    from mmreward.testing.tiny_hunyuan_video15 import save_tiny_hunyuan_video15
+
+    with pytest.raises(ConfigError, match="has no source image"):
+        HunyuanVideo15I2VAdapter(i2v, H, W, MSL, FRAMES).encode(PROMPTS)
+    root = tmp_path_factory.mktemp("hv15_i2v")
+    pipe_dir = str(save_tiny_hunyuan_video15(root / "pipe", kind="i2v"))
+    rows = root / "first_frames.jsonl"
+    rows.write_text("".join(json.dumps({"source_image": str(first_frame[1][0].source), "instruction": p}) + "\n"
+                            for p in PROMPTS))
+    cfg = _run_cfg(pipe_dir, tmp_path, str(rows))
+    trainer = Trainer(from_dict(cfg))
+    assert isinstance(trainer.adapter, HunyuanVideo15I2VAdapter) and trainer.adapter.family == "hunyuan_video15_i2v"
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert trainer.last_images.shape == (4, FRAMES, 3, H, W)
+    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first-frame condition reaches the training path
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))

@@ -96,7 +96,7 @@ __all__ = [
 # registration order
 from diffusion_rl.adapters import (  # noqa: E402, F401
     flux2,  # Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline (FLUX.2-klein)
-    hunyuan_video15,  # HunyuanVideo15Pipeline (HunyuanVideo 1.5 text-to-video)
+    hunyuan_video15,  # HunyuanVideo15Pipeline, HunyuanVideo15ImageToVideoPipeline (HunyuanVideo 1.5)
     ltx2,  # LTX2Pipeline (LTX-2: video with audio)
     qwen_image,  # QwenImagePipeline (Qwen-Image text-to-image)
     wan22,  # Wan 2.2 (WanImageToVideoPipeline)

@@ -1,4 +1,4 @@
-"""diffusers' `HunyuanVideo15Pipeline` (HunyuanVideo 1.5 text-to-video, e.g.
+"""diffusers' `HunyuanVideo15Pipeline` and `HunyuanVideo15ImageToVideoPipeline` (HunyuanVideo 1.5, e.g.
 hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v): flow matching on 5-D video latents (B, C, T', H', W')
 with T' = (T - 1) / 4 + 1 and H' = H / 16 for the released VAE (the factors are read from the pipeline). What
 differs from HunyuanVideo 1.0 (`hunyuan_video.py`):
@@ -17,6 +17,9 @@ differs from HunyuanVideo 1.0 (`hunyuan_video.py`):
   sigmas linspace(1, 0, N + 1)[:-1], so the ODE rollout is exactly HunyuanVideo15Pipeline's sampling;
 - decoding divides by the VAE's `scaling_factor` and decodes one clip at a time: the VAE's causal mid-block
   attention in diffusers 0.42 builds a (B, L, L) mask against (B, 1, L, L) queries and fails for B > 1.
+
+Image-to-video (`HunyuanVideo15I2VAdapter`) fills the condition latents, the mask and `image_embeds` from each edit
+record's source image, the first frame (see the class).
 """
 
 from __future__ import annotations
@@ -59,9 +62,12 @@ class HunyuanVideo15Adapter(VideoAdapter):
         self._init_video(pipeline, height, width, num_frames or HV15_DEFAULT_FRAMES, max_sequence_length,
                          spatial=spatial, temporal=int(pipeline.vae_scale_factor_temporal),
                          multiple=spatial * int(pipeline.transformer.config.patch_size))
-        self._check_guider()
+        self._check_pipeline()
 
-    def _check_guider(self) -> None:
+    def _check_pipeline(self) -> None:
+        if self.pipeline.transformer.config.get("use_meanflow", False):
+            raise ConfigError(f"{type(self.pipeline).__name__}: a MeanFlow transformer (use_meanflow, the step-distilled "
+                              "and super-resolution checkpoints) also takes the next timestep; not supported yet")
         guider = getattr(self.pipeline, "guider", None)
         if guider is None:
             return
@@ -97,18 +103,19 @@ class HunyuanVideo15Adapter(VideoAdapter):
         return flow_schedule(sched)
 
     # -- denoiser -----------------------------------------------------------------------------
-    def _condition(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _condition(self, x: torch.Tensor, embeds: PromptEmbeds) -> tuple[torch.Tensor, torch.Tensor]:
         """(condition latents, mask) concatenated after the noise latents: zeros for text-to-video."""
         b, c, f, h, w = x.shape
         return x.new_zeros(b, c, f, h, w), x.new_zeros(b, 1, f, h, w)
 
     def _image_embeds(self, x: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        """SigLIP tokens of the first frame; all zeros (the transformer's "no image") for text-to-video."""
         pipe = self.pipeline
         return x.new_zeros(x.shape[0], pipe.vision_num_semantic_tokens, pipe.vision_states_dim)
 
     def _forward(self, model, x, t, embeds, guidance_scale):
-        cond, mask = self._condition(x)
-        tensors = {k: v.to(x.dtype) for k, v in embeds.tensors.items()}
+        cond, mask = self._condition(x, embeds)
+        tensors = {k: v.to(x.dtype) for k, v in embeds.tensors.items() if k.startswith("prompt_embeds")}
         return model(
             hidden_states=torch.cat([x, cond.to(x.dtype), mask.to(x.dtype)], dim=1), timestep=t.to(x.dtype),
             encoder_hidden_states=tensors["prompt_embeds"], encoder_attention_mask=tensors["prompt_embeds_mask"],
@@ -116,21 +123,27 @@ class HunyuanVideo15Adapter(VideoAdapter):
             image_embeds=self._image_embeds(x, embeds).to(x.dtype), return_dict=False,
         )[0]
 
+    def _negative_like(self, embeds: PromptEmbeds) -> PromptEmbeds:
+        """The unconditional branch's conditioning: the empty prompt (the pipeline's default negative prompt)."""
+        return self.negative().expand(len(embeds))
+
     def predict(self, model: torch.nn.Module, x: torch.Tensor, t: torch.Tensor, embeds: PromptEmbeds,
                 guidance_scale: float) -> torch.Tensor:
         """The denoiser's velocity with CFG as the pipeline's ClassifierFreeGuidance combines it."""
+        x = x.to(self.model_dtype)
+        if not self.uses_cfg(guidance_scale):
+            return self._forward(model, x, t, embeds, guidance_scale).float()
         guider = getattr(self.pipeline, "guider", None)
         rescale = float(getattr(guider, "guidance_rescale", 0.0) or 0.0)
         original = bool(getattr(guider, "use_original_formulation", False))
-        if not self.uses_cfg(guidance_scale) or (rescale == 0.0 and not original):
-            return super().predict(model, x, t, embeds, guidance_scale)
-        from diffusers.guiders.guider_utils import rescale_noise_cfg
-
-        x = x.to(self.model_dtype)
-        both = PromptEmbeds.cat([self.negative().expand(len(embeds)), embeds])
+        both = PromptEmbeds.cat([self._negative_like(embeds), embeds])
         uncond, cond = self._forward(model, torch.cat([x, x]), torch.cat([t, t]), both, guidance_scale).float().chunk(2)
         pred = (cond if original else uncond) + guidance_scale * (cond - uncond)
-        return rescale_noise_cfg(pred, cond, rescale) if rescale > 0.0 else pred
+        if rescale > 0.0:
+            from diffusers.guiders.guider_utils import rescale_noise_cfg
+
+            pred = rescale_noise_cfg(pred, cond, rescale)
+        return pred
 
     # -- decoding -----------------------------------------------------------------------------
     def _decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
@@ -142,3 +155,69 @@ class HunyuanVideo15Adapter(VideoAdapter):
 
 
 register_adapter("HunyuanVideo15Pipeline", "hunyuan_video15", HunyuanVideo15Adapter, HV15_LORA_TARGETS)
+
+
+class HunyuanVideo15I2VAdapter(HunyuanVideo15Adapter):
+    """diffusers' HunyuanVideo15ImageToVideoPipeline. Prompts are edit records; each row's source image is the first
+    frame, resized and centre-cropped to the run's height x width with the pipeline's own `resize(..., "crop")` (the
+    pipeline picks the size from the image's aspect ratio; a batch needs one size, so the run's height/width rule).
+    The condition follows the pipeline: the frame's VAE latents (argmax, times scaling_factor) on latent frame 0 and
+    zeros after it, a mask of ones on frame 0, and SigLIP's last hidden states as `image_embeds`; the unconditional
+    branch sees the same frame with the empty prompt."""
+
+    family = "hunyuan_video15_i2v"
+    is_edit = True
+
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
+        from mmreward.edit import EditPrompt, load_source_image
+
+        prompts = prompt_list(prompts)
+        plain = [p for p in prompts if not isinstance(p, EditPrompt)]
+        if plain:
+            raise ConfigError(
+                f"prompt {plain[0]!r} has no source image, but a {self.family} pipeline animates a first frame: give "
+                "edit records ({\"source_image\": PATH, \"instruction\": ...} rows, see mmreward.edit) as prompts"
+            )
+        text = HunyuanVideo15Adapter.encode(self, [str(p) for p in prompts])
+        rows = PromptEmbeds.cat([self.encode_first_frame(load_source_image(p.source)) for p in prompts])
+        return PromptEmbeds({**text.tensors, **rows.tensors})
+
+    @torch.no_grad()
+    def encode_first_frame(self, image: torch.Tensor) -> PromptEmbeds:
+        """One row of the image condition from a (3, H, W) image in [0, 1]: `cond_latents` (1, C, T', H', W') and
+        `image_embeds` (1, N, image_embed_dim). The image goes in as the 8-bit PIL image a user hands the pipeline."""
+        from PIL import Image
+
+        pipe = self.pipeline
+        pixels8 = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        frame = pipe.video_processor.resize(Image.fromarray(pixels8), height=self.height, width=self.width,
+                                            resize_mode="crop")
+        latents = pipe._get_image_latents(vae=pipe.vae, image_processor=pipe.video_processor, image=frame,
+                                          height=self.height, width=self.width, device=self.device)
+        cond = torch.zeros(1, latents.shape[1], self.latent_frames, *latents.shape[3:], dtype=latents.dtype,
+                           device=latents.device)
+        cond[:, :, :1] = latents  # the first latent frame; black (zero) latents after it, as the pipeline does
+        image_embeds = pipe.encode_image(image=frame, batch_size=1, device=self.device, dtype=self.model_dtype)
+        return PromptEmbeds({"cond_latents": cond, "image_embeds": image_embeds})
+
+    def negative(self) -> PromptEmbeds:
+        if self._negative is None:
+            self._negative = HunyuanVideo15Adapter.encode(self, [""])  # text only: the frame comes with each row
+        return self._negative
+
+    def _negative_like(self, embeds: PromptEmbeds) -> PromptEmbeds:
+        image = {k: v for k, v in embeds.tensors.items() if not k.startswith("prompt_embeds")}
+        return PromptEmbeds({**self.negative().expand(len(embeds)).tensors, **image})
+
+    def _condition(self, x: torch.Tensor, embeds: PromptEmbeds) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = x.new_zeros(x.shape[0], 1, *x.shape[2:])
+        mask[:, :, 0] = 1.0
+        return embeds.tensors["cond_latents"], mask
+
+    def _image_embeds(self, x: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        return embeds.tensors["image_embeds"]
+
+
+register_adapter("HunyuanVideo15ImageToVideoPipeline", "hunyuan_video15_i2v", HunyuanVideo15I2VAdapter,
+                 HV15_LORA_TARGETS)

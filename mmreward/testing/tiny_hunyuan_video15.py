@@ -8,7 +8,11 @@ The components are the real classes at tiny sizes, with the geometry of diffuser
 (the released 480p/720p T2V scheduler shift), a Qwen2.5-VL text model (three layers, so the pipeline's third-to-last
 hidden state is a real layer's output) with the Qwen2 byte-level BPE tokenizer and chat template
 (`mmreward.models._tiny_qwen_vl`), a T5 encoder with the real `ByT5Tokenizer` (bytes, no vocabulary file), and
-`ClassifierFreeGuidance`. A few MB in float32.
+`ClassifierFreeGuidance`. A few MB in float32 (most of it the transformer's ByT5 projection, whose 2048-wide
+hidden layer is fixed in the class).
+
+`kind="i2v"` builds `HunyuanVideo15ImageToVideoPipeline` instead: the same components plus a SigLIP vision encoder
+whose hidden size is the transformer's `image_embed_dim` (12; 16 tokens of a 16 x 16 image) and its image processor.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import torch
 HV15_SHIFT = 7.0  # hunyuanvideo-community/HunyuanVideo-1.5-*_t2v scheduler_config.json (diffusers' dummy uses it too)
 
 
-def build_tiny_hunyuan_video15(seed: int = 0, guidance_scale: float = 6.0) -> Any:
-    """A `HunyuanVideo15Pipeline` with seeded random tiny components (see the module docstring)."""
+def build_tiny_hunyuan_video15(seed: int = 0, guidance_scale: float = 6.0, kind: str = "t2v") -> Any:
+    """A `HunyuanVideo15Pipeline` ("t2v") or `HunyuanVideo15ImageToVideoPipeline` ("i2v") with seeded random tiny
+    components (see the module docstring)."""
     from diffusers import (
         AutoencoderKLHunyuanVideo15,
         FlowMatchEulerDiscreteScheduler,
@@ -42,6 +47,8 @@ def build_tiny_hunyuan_video15(seed: int = 0, guidance_scale: float = 6.0) -> An
 
     from mmreward.models._tiny_qwen_vl import build_qwen_tokenizer
 
+    if kind not in ("t2v", "i2v"):
+        raise ValueError(f"kind must be 't2v' or 'i2v', got {kind!r}")
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_qwen_tokenizer(tmp)
     ids = tokenizer.convert_tokens_to_ids
@@ -49,7 +56,7 @@ def build_tiny_hunyuan_video15(seed: int = 0, guidance_scale: float = 6.0) -> An
     transformer = HunyuanVideo15Transformer3DModel(
         in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
         num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=32,
-        image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v",
+        image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16, task_type=kind,
     ).eval()
     torch.manual_seed(seed + 1)
     vae = AutoencoderKLHunyuanVideo15(
@@ -68,16 +75,26 @@ def build_tiny_hunyuan_video15(seed: int = 0, guidance_scale: float = 6.0) -> An
     tokenizer_2 = ByT5Tokenizer()
     text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=32, d_ff=37, d_kv=8, num_layers=2,
                                              num_heads=4, relative_attention_num_buckets=8)).eval()
-    return HunyuanVideo15Pipeline(
-        text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=HV15_SHIFT), text_encoder_2=text_encoder_2,
-        tokenizer_2=tokenizer_2, guider=ClassifierFreeGuidance(guidance_scale=guidance_scale),
-    )
+    common = {"text_encoder": text_encoder, "tokenizer": tokenizer, "transformer": transformer, "vae": vae,
+              "scheduler": FlowMatchEulerDiscreteScheduler(shift=HV15_SHIFT), "text_encoder_2": text_encoder_2,
+              "tokenizer_2": tokenizer_2, "guider": ClassifierFreeGuidance(guidance_scale=guidance_scale)}
+    if kind == "t2v":
+        return HunyuanVideo15Pipeline(**common)
+    from diffusers import HunyuanVideo15ImageToVideoPipeline
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    torch.manual_seed(seed + 4)
+    image_encoder = SiglipVisionModel(SiglipVisionConfig(
+        hidden_size=12, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+        patch_size=4)).eval()
+    feature_extractor = SiglipImageProcessor(size={"height": 16, "width": 16})
+    return HunyuanVideo15ImageToVideoPipeline(image_encoder=image_encoder, feature_extractor=feature_extractor,
+                                              **common)
 
 
-def save_tiny_hunyuan_video15(path: str | os.PathLike, seed: int = 0) -> Path:
+def save_tiny_hunyuan_video15(path: str | os.PathLike, seed: int = 0, kind: str = "t2v") -> Path:
     """`build_tiny_hunyuan_video15` in the diffusers folder layout (model_index.json + one folder per component),
     which `DiffusionPipeline.from_pretrained` and `diffusion_rl.pipelines.load_pipeline` read back."""
     out = Path(path)
-    build_tiny_hunyuan_video15(seed).save_pretrained(str(out))
+    build_tiny_hunyuan_video15(seed, kind=kind).save_pretrained(str(out))
     return out
