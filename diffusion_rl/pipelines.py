@@ -173,7 +173,7 @@ def load_pipeline(pretrained: str, dtype: torch.dtype = torch.float32, device: s
     pipe.generation_defaults = read_generation_defaults(pretrained)  # the folder's card: make_adapter's defaults
     pipe.set_progress_bar_config(disable=True)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "transformer_2",
-                 "image_encoder"):
+                 "image_encoder", "connectors", "audio_vae", "vocoder"):
         module = getattr(pipe, name, None)
         if isinstance(module, torch.nn.Module):
             module.requires_grad_(False)
