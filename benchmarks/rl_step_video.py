@@ -14,6 +14,8 @@ Memory: on CUDA torch.cuda.max_memory_allocated above the allocation before the 
 peak RSS above the RSS before the call, sampled every millisecond (benchmarks/_timing.py says how), which
 includes the allocator's and the autograd engine's overhead and so is an upper bound with some noise.
 Without --pretrained the test kit's tiny WanPipeline is built from config (random weights).
+Wan 2.2 A14B (two experts) and Wan image-to-video have their overhead rows in benchmarks/rl_step_families.py
+(`rl_step.py --family wan22` / `--family wan_i2v`).
 """
 
 from __future__ import annotations
