@@ -48,8 +48,10 @@ def _reference_p_yes(proc, model, text, first, second, labels):
     else:
         msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": text}]}]
         rendered = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    images = [resize_for_qwen(x, 28 * 28, 56 * 56) for x in (first, second)]
-    batch = proc(text=[rendered], images=images, images_kwargs={"do_rescale": False, "do_resize": False},
+    # Pillow's 8-bit bicubic, as the served processor (the JPEG round trip is off in these tests; its parity with
+    # PaCo-RL's requests is tests/test_parity_paco.py)
+    images = [resize_for_qwen(x, 28 * 28, 56 * 56, "pillow") for x in (first, second)]
+    batch = proc(text=[rendered], images=images, images_kwargs={"do_rescale": True, "do_resize": False},
                  return_tensors="pt")
     with torch.no_grad():
         probs = torch.softmax(model(**batch).logits[0, -1].double(), -1)
@@ -63,7 +65,7 @@ def test_grid_score_matches_plain_pipeline(qwen_dir, labels):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     reward = mmreward.load("paco-reward", checkpoint=str(qwen_dir), max_pixels=56 * 56, min_pixels=28 * 28,
-                           image_labels=labels, micro_batch_size=2)
+                           image_labels=labels, micro_batch_size=2, jpeg_round_trip=False)
     g = torch.Generator().manual_seed(0)
     panels = torch.rand(4, 3, 28, 30, generator=g)
     grid = torch.cat([torch.cat([panels[0], panels[1]], 2), torch.cat([panels[2], panels[3]], 2)], 1)
@@ -92,7 +94,7 @@ def test_eval_template_needs_no_prompt_and_canonical_sum(qwen_dir):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     reward = mmreward.load("paco-reward", checkpoint=str(qwen_dir), max_pixels=56 * 56, min_pixels=28 * 28,
-                           template="eval", grid=(1, 2), canonicalize=True)
+                           template="eval", grid=(1, 2), canonicalize=True, jpeg_round_trip=False)
     assert not reward.requires_prompt
     img = torch.rand(1, 3, 28, 56, generator=torch.Generator().manual_seed(5))
     got = reward.score(None, img).scores.item()
@@ -103,8 +105,9 @@ def test_eval_template_needs_no_prompt_and_canonical_sum(qwen_dir):
 
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": EVAL_Q}]}]
     rendered = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    halves = [resize_for_qwen(img[0, :, :, :28], 784, 3136), resize_for_qwen(img[0, :, :, 28:], 784, 3136)]
-    batch = proc(text=[rendered], images=halves, images_kwargs={"do_rescale": False, "do_resize": False},
+    halves = [resize_for_qwen(img[0, :, :, :28], 784, 3136, "pillow"),
+              resize_for_qwen(img[0, :, :, 28:], 784, 3136, "pillow")]
+    batch = proc(text=[rendered], images=halves, images_kwargs={"do_rescale": True, "do_resize": False},
                  return_tensors="pt")
     with torch.no_grad():
         probs = torch.softmax(model(**batch).logits[0, -1].double(), -1)

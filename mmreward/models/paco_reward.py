@@ -27,6 +27,9 @@ Layout: the two images come first in the user turn, then the text, through the c
 images as PaCo-Reward's offline evaluation scripts do. Over HTTP, images go as JPEG data URLs (PIL's
 default quality, as PaCo-RL's `pil_image_to_base64`).
 
+In-process, each panel takes the same JPEG round trip (`jpeg_round_trip=False` skips it) and is resized as the
+served processor resizes it (Pillow's bicubic on 8-bit values; tests/test_parity_paco.py).
+
 Deviations, on purpose: in-process we read the whole first-token distribution, so P(Yes) is exact even
 when 'Yes' or 'No' falls outside the top 20 log-probabilities PaCo-RL gets from vLLM; when a server's top
 log-probabilities contain neither answer, the pair is NaN and flagged (`details["parse_failed"]`) where
@@ -69,6 +72,21 @@ def grid_panels(image: torch.Tensor, rows: int, cols: int) -> list[torch.Tensor]
     return [image[:, i * h:(i + 1) * h, j * w:(j + 1) * w] for i in range(rows) for j in range(cols)]
 
 
+def jpeg_round_trip(image: torch.Tensor) -> torch.Tensor:
+    """(3, H, W) in [0, 1] -> 8-bit -> JPEG at PIL's default settings -> decoded, in [0, 1] (what the judge sees
+    of PaCo-RL's `pil_image_to_base64(image)`: `image.save(buffer, format="JPEG")`)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG")
+    decoded = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+    return torch.from_numpy(decoded.copy()).permute(2, 0, 1).float().div(255).to(image.device)
+
+
 class PacoReward(Reward):
     name = "paco-reward"
     modalities = ("image",)
@@ -77,7 +95,10 @@ class PacoReward(Reward):
 
     def __init__(self, backend, *, template: str = "grpo", grid: tuple[int, int] | None = None,
                  image_labels: bool = False, canonicalize: bool = False, mode: str = "soft",
-                 both_orders: bool = False, top_logprobs: int = 20, micro_batch_size: int = 4) -> None:
+                 both_orders: bool = False, top_logprobs: int = 20, jpeg_round_trip: bool = True,
+                 micro_batch_size: int = 4) -> None:
+        """`jpeg_round_trip` (in-process backends): each panel goes through a JPEG at PIL's default quality
+        first, as PaCo-RL's `pil_image_to_base64` sends it to the judge; False scores the pixels as given."""
         super().__init__(micro_batch_size=micro_batch_size)
         if mode not in ("soft", "generate"):
             raise RewardInputError(f"mode must be 'soft' (P(Yes), PaCo-RL's score) or 'generate', got {mode!r}")
@@ -99,6 +120,8 @@ class PacoReward(Reward):
         self.template, self.grid, self.mode = text, grid, mode
         self.labels = IMAGE_LABELS if image_labels else None
         self.canonicalize, self.both_orders, self.top_k = canonicalize, both_orders, top_logprobs
+        # an HTTP backend encodes its own JPEG data URLs; in-process the round trip is ours to do
+        self.jpeg_round_trip = jpeg_round_trip and getattr(backend, "processor", None) is not None
         self.requires_prompt = "{prompt}" in text
         self._answer_ids: tuple[list[int], list[int]] | None = None
 
@@ -106,6 +129,8 @@ class PacoReward(Reward):
     def _requests(self, texts: list[str], pairs: list[tuple[torch.Tensor, torch.Tensor]]):
         from mmreward.judges.backends import JudgeRequest
 
+        if self.jpeg_round_trip:
+            pairs = [(jpeg_round_trip(a), jpeg_round_trip(b)) for a, b in pairs]
         return [JudgeRequest(t, [a, b], media_labels=self.labels) for t, (a, b) in zip(texts, pairs)]
 
     def _judge(self, texts, pairs) -> tuple[torch.Tensor, list[str] | None]:
@@ -222,4 +247,9 @@ def load_paco_reward(checkpoint=None, *, weights="pretrained", **options) -> Pac
     backend_opts.setdefault("image_format", "jpeg")  # PaCo-RL sends JPEG data URLs
     if checkpoint is None and not backend_opts.get("tiny"):
         checkpoint = "X-GenGroup/PaCo-Reward-7B"
-    return PacoReward(make_backend(checkpoint, weights, **backend_opts), **options)
+    backend = make_backend(checkpoint, weights, **backend_opts)
+    if hasattr(backend, "resize"):
+        # the served processor (transformers' Qwen2VLImageProcessor of PaCo-RL's vLLM) resizes the decoded 8-bit
+        # image with Pillow's bicubic, not a float bicubic
+        backend.resize = "8-bit"
+    return PacoReward(backend, **options)
