@@ -102,8 +102,20 @@ def export_lora(pipeline: Any, model: torch.nn.Module, denoiser_attr: str, famil
     A denoiser of several components writes one subfolder per component that has an adapter (module docstring).
     Under FSDP every process calls it (the shards are gathered) and only the main process writes."""
     components = denoiser_components(model, denoiser_attr)
-    save = type(pipeline).save_lora_weights
     path = Path(path)
+    save = getattr(type(pipeline), "save_lora_weights", None)
+    if save is None and len(components) == 1:
+        # a pipeline class without a LoRA loader mixin (HunyuanVideo15Pipeline in diffusers 0.42): the model's own
+        # PEFT adapter file, which `pipe.transformer.load_lora_adapter(path, prefix=None)` reads back
+        module = next(iter(components.values()))
+        if not hasattr(module, "save_lora_adapter"):
+            raise ConfigError(f"export: {type(pipeline).__name__} has no save_lora_weights and its {denoiser_attr} "
+                              "has no save_lora_adapter; export a full fine-tune (model.lora=false) instead")
+        if not is_main_process:
+            return path
+        with atomic_folder(path) as tmp:
+            module.save_lora_adapter(str(tmp), adapter_name="default", weight_name=LORA_WEIGHT_NAME)
+        return path
     if len(components) == 1:
         layers, metadata = lora_layers_and_metadata(model, family)
         if not is_main_process:

@@ -261,3 +261,33 @@ def test_i2v_needs_first_frames_and_trains_from_jsonl_rows(i2v, first_frame, tmp
     assert trainer.last_images.shape == (4, FRAMES, 3, H, W)
     assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first-frame condition reaches the training path
     assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
+
+
+def test_lora_export_without_a_pipeline_lora_loader_reloads_into_the_transformer(tmp_path_factory, tmp_path):
+    """HunyuanVideo15Pipeline has no save/load_lora_weights in diffusers 0.42: the export is the transformer's PEFT
+    adapter file, and `transformer.load_lora_adapter` on a fresh pipeline reproduces the trained denoiser."""
+    from diffusers import HunyuanVideo15Pipeline
+
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+    from mmreward.testing.tiny_hunyuan_video15 import save_tiny_hunyuan_video15
+
+    pipe_dir = str(save_tiny_hunyuan_video15(tmp_path_factory.mktemp("hv15x") / "pipe"))
+    cfg = _run_cfg(pipe_dir, tmp_path / "run", PROMPTS)
+    cfg["model"]["lora_alpha"] = 8  # alpha != rank: the scaling must travel in the file
+    trainer = Trainer(from_dict(cfg))
+    trainer.train_iteration(0)
+    out = trainer.export(tmp_path / "final")
+    fresh = HunyuanVideo15Pipeline.from_pretrained(pipe_dir)
+    fresh.transformer.load_lora_adapter(str(out), prefix=None, adapter_name="default",
+                                        weight_name="pytorch_lora_weights.safetensors")
+    trained = trainer.adapter.denoiser
+    x = torch.randn(1, *trainer.adapter.latent_shape(), generator=torch.Generator().manual_seed(0))
+    embeds = trainer.embeds_for(PROMPTS[:1])
+    t = torch.tensor([500.0])
+    with torch.no_grad():
+        want = trainer.adapter._forward(trained, x, t, embeds, 1.0)
+        got = trainer.adapter._forward(fresh.transformer, x, t, embeds, 1.0)
+        base = trainer.adapter._forward(HunyuanVideo15Pipeline.from_pretrained(pipe_dir).transformer, x, t, embeds, 1.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    assert float((base - want).abs().max()) > 1e-4  # the update is visible, so the comparison means something
