@@ -455,3 +455,90 @@ class RewardSpec:
 
     def install_command(self) -> str:
         return self.install_hint or f"pip install 'mmreward[{self.extra or 'all'}]'"
+
+
+def _texts(values: Any, n: int, name: str, allow_none: bool) -> list[Any]:
+    """One text per item for `score_responses`: a string is broadcast, a list must match the batch."""
+    if values is None:
+        if allow_none:
+            return [None] * n
+        raise RewardInputError(f"{name}: this reward needs one string per item, got None")
+    if isinstance(values, str):
+        _check_encodable(values, f"the {name[:-1]}")
+        return [values] * n
+    if not isinstance(values, Sequence):
+        raise RewardInputError(f"{name}: expected a string or a list of strings, got {type(values).__name__}")
+    values = list(values)
+    if len(values) != n:
+        raise RewardInputError(f"{name} and media must have the same length: got {len(values)} {name} for {n} "
+                               "media items; pass one per item")
+    for i, v in enumerate(values):
+        if v is None and allow_none:
+            continue
+        if not isinstance(v, str):
+            raise RewardInputError(f"{name}: expected strings, got {type(v).__name__} at index {i}")
+        _check_encodable(v, f"{name[:-1]} {i}")
+    return values
+
+
+class ResponseReward(Reward):
+    """A reward for a policy's RESPONSE to a question about media (MLLM RL): (media, question, response).
+
+    The contract is `score_responses(questions, media, responses, references=None) -> RewardOutput`:
+    `questions` is what the policy was asked (a string per item, "" when there was none), `responses`
+    what it answered, `references` an optional ground-truth answer per item (None where unknown).
+    Subclasses implement `_score_responses` on media already turned into tensors. `score(texts, media)`
+    keeps the plain Reward contract: each text is a response to no question (e.g. a caption of the
+    image), so the response rewards still compose, compare and serve like any other reward.
+    Trainer adapters (vlm_rm.adapters) detect `score_responses` and pass the prompt, completion and
+    dataset answer to it separately instead of concatenating them into one prompt.
+    """
+
+    def _score_responses(
+        self, questions: list[str], media: torch.Tensor | list[torch.Tensor], responses: list[str],
+        references: list[str | None],
+    ) -> RewardOutput:
+        raise NotImplementedError
+
+    def _score(self, prompts: list[str], media: torch.Tensor | list[torch.Tensor]) -> RewardOutput:
+        return self._score_responses([""] * len(prompts), media, prompts, [None] * len(prompts))
+
+    def score_responses(
+        self,
+        questions: Prompts,
+        media: Any,
+        responses: str | Sequence[str],
+        references: str | Sequence[str | None] | None = None,
+        *,
+        value_range: tuple[float, float] | None = None,
+    ) -> RewardOutput:
+        """Score each response to its question about its medium (against its reference, where given)."""
+        batch = self.prepare(media, value_range)
+        n = len(batch)
+        if n == 0:
+            raise RewardInputError("media: got an empty batch; pass at least one image or video")
+        question_list = [q or "" for q in _texts(questions, n, "questions", allow_none=True)]
+        response_list = _texts(responses, n, "responses", allow_none=False)
+        reference_list = _texts(references, n, "references", allow_none=True)
+        if media_io.requires_grad(batch) and not self.differentiable:
+            raise RewardInputError(
+                f"media requires grad but reward '{self.name}' is not differentiable; detach the input"
+            )
+        with torch.inference_mode():
+            parts = []
+            for start in range(0, n, self.micro_batch_size):
+                stop = min(start + self.micro_batch_size, n)
+                part = self._score_responses(question_list[start:stop], batch[start:stop],
+                                             response_list[start:stop], reference_list[start:stop])
+                self._check_output(part, stop - start)
+                parts.append(part)
+            out = RewardOutput.concat(parts) if len(parts) > 1 else parts[0]
+            out.scores = out.scores.float()
+        out = out.detach()
+        self._check_finite(out)
+        return out
+
+
+def scores_responses(reward: Any) -> bool:
+    """True when `reward` follows the response contract (has `score_responses`), e.g. a ResponseReward."""
+    return callable(getattr(reward, "score_responses", None))
