@@ -1,7 +1,7 @@
 """Every registered generator family passes the adapter conformance suite (tests/adapter_conformance.py) on its tiny
 pipeline built from config and saved in the diffusers layout. A class per family gives only its builder, the
-pipeline's own call keywords, its geometry and tolerances; `known_failure` marks a behaviour a family fails today
-(xfail strict, with the measured reason)."""
+pipeline's own call keywords, its geometry and tolerances. A behaviour a family fails is marked with
+`adapter_conformance.known_failure` (xfail strict, with the measured reason); today every family passes all seven."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from adapter_conformance import AdapterConformance, known_failure
+from adapter_conformance import AdapterConformance
 
 from mmreward.testing.tiny_models import save_tiny_pipeline
 
@@ -374,5 +374,3 @@ def test_every_registered_family_has_a_conformance_class():
     missing = sorted(set(ADAPTERS) - covered)
     assert not missing, f"add a conformance class to tests/test_adapter_conformance.py for: {missing}"
 
-
-_ = known_failure  # used by the per-family markers below when a family fails a behaviour
