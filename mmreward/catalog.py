@@ -323,6 +323,17 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         card_options=_values("mode", "unknown_prompt"),
     ),
     RewardSpec(
+        name="shapes-vqa",
+        loader="mmreward.models.shapes_vqa:load_shapes_vqa",
+        description="ShapesWorld VQA answers' exact checker (a response reward: counts, colours, shapes, "
+        "positions, which image, captions)",
+        needs_weights=False,
+        score_range="{0, 1}: 1 when the normalised answer equals the truth (the reference, else read off the image)",
+        preprocess="none: colour segmentation on the [0, 1] pixels at any resolution (built for 32-64 px)",
+        tiny_options={},
+        card_options=_values(),
+    ),
+    RewardSpec(
         name="shapes-video-eval",
         loader="mmreward.models.shapes_video_eval:load_shapes_video_eval",
         description="Moving-shapes clips' exact checker: shape, colour per frame, count, motion direction and speed",
