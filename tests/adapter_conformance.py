@@ -379,7 +379,7 @@ class AdapterConformance:
     # -- 6. resume is bit-exact ----------------------------------------------------------------------------------
     def test_resume_is_bit_exact(self, folder, prompts, tmp_path):
         if not self.resume:
-            pytest.skip("resume runs for a representative subset (sd, sd3, flux_kontext, wan) to keep the suite fast")
+            pytest.skip("resume runs for a representative subset (sd, sd3, flux_kontext, wan, wan 2.2 two experts) to keep the suite fast")
         from diffusion_rl.trainer import Trainer
 
         straight = Trainer(self.run_config(folder, tmp_path / "a", prompts, iterations=2))

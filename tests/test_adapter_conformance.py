@@ -199,6 +199,7 @@ class TestWan22(_Video):
     """Wan 2.2 A14B text-to-video: WanPipeline with transformer_2 (two experts switched at the boundary)."""
 
     family = "wan"
+    resume = True  # two experts' LoRA and optimizer state in one checkpoint
 
     def build(self, folder: Path) -> None:
         from mmreward.testing.tiny_wan22 import save_tiny_wan22
