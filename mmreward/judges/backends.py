@@ -218,25 +218,50 @@ class TransformersBackend(JudgeBackend):
     def generate_with_choice_probs(self, requests, choices: Sequence[str], *, temperature: float = 0.0, seed: int = 0,
                                    max_new_tokens: int | None = None):
         """One completion per request plus, at every generated step, the distribution over `choices`' first
-        tokens renormalised over them (as `generate(output_scores=True)` would give, without keeping
-        (steps, V) score tensors). Returns (texts, generated token ids, [(steps, len(choices)) tensors]).
+        tokens renormalised over them, read from the scores `generate(output_scores=True)` returns (after the
+        sampling warpers: temperature, top-k, top-p), without keeping (steps, V) score tensors; a step whose
+        warpers removed every choice gives zeros (as VideoScore2's renormalisation does). Returns (texts,
+        generated token ids, [(steps, len(choices)) tensors]).
         """
-        from transformers import LogitsProcessor, LogitsProcessorList
+        from transformers import (
+            GenerationConfig,
+            LogitsProcessor,
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         ids = [self.processor.tokenizer(c, add_special_tokens=False).input_ids[0] for c in choices]
         steps: list[torch.Tensor] = []
 
         class Record(LogitsProcessor):
-            def __call__(self, input_ids, scores):  # scores after temperature and other processors
-                steps.append(torch.softmax(scores[:, ids].float(), dim=-1).cpu())
+            def __call__(self, input_ids, scores):
+                probs = torch.softmax(scores[:, ids].float(), dim=-1)
+                steps.append(torch.nan_to_num(probs, nan=0.0).cpu())
                 return scores
 
+        processors = [Record()]
         inputs = self._batch(requests, padding_side="left")
-        kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": temperature > 0,
-                  "logits_processor": LogitsProcessorList([Record()])}
+        kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": temperature > 0}
         if temperature > 0:
-            kwargs["temperature"] = temperature
+            # generate runs custom processors before its own warpers, so the warpers are ours here, in generate's
+            # order and with its values (the checkpoint's generation_config, else the library defaults), and the
+            # built-in ones are switched off; Record then sees the scores generate would return
+            config = getattr(self.model, "generation_config", None) or GenerationConfig()
+            defaults = (GenerationConfig._get_default_generation_params()
+                        if hasattr(GenerationConfig, "_get_default_generation_params") else {})
+            top_k = getattr(config, "top_k", None)
+            top_k = defaults.get("top_k", GenerationConfig().top_k) if top_k is None else top_k
+            top_p = getattr(config, "top_p", None)
+            top_p = 1.0 if top_p is None else top_p
+            warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+            warpers += [TopKLogitsWarper(top_k)] if top_k else []
+            warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+            processors = warpers + processors
+            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
             torch.manual_seed(seed)
+        kwargs["logits_processor"] = LogitsProcessorList(processors)
         with torch.inference_mode():
             out = self.model.generate(**inputs, **kwargs)
         new = out[:, inputs["input_ids"].shape[1]:].cpu()

@@ -11,7 +11,9 @@ Two modes:
   flagged in `details["parse_failed"]` (the fraction of failed samples); the raw text is kept in
   `rationales`. Works with every backend. VideoScore2 in-process (one sample) follows vs2_inference.py:
   each dimension's digit is located in the generated answer and scored from the digit distribution at the
-  step that wrote it (`normed`); the hard values stay in the details (over HTTP: hard values).
+  step that wrote it (`normed`), read after the sampling warpers (temperature and the checkpoint's top-k/top-p)
+  as its `output_scores` are (tests/test_parity_videoscore2.py); the hard values stay in the details (over
+  HTTP: hard values).
 - mode="soft": teacher-forced digit probabilities. For each dimension the answer line's prefix is forced
   and the digit distribution over low..high is read from the next token (renormalised over the digits);
   the argmax digit is then forced before the next line. The value is VideoScore2's `normed` soft score
