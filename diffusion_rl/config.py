@@ -318,7 +318,8 @@ class AdvantageConfig:
 
 @dataclass
 class TrainConfig:
-    algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp) or nft (DiffusionNFT)")
+    algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), "
+                         "dpo (online Diffusion-DPO) or raft (reward-ranked fine-tuning)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -354,6 +355,8 @@ class TrainConfig:
     nft_adaptive_weight: bool = _f(True, "nft: divide each sample's x0 error by its mean absolute value (the paper's weighting)")
     nft_old_decay: list[float] = _f([0.0, 0.001, 0.5], "nft: [flat, rate, cap] of the old policy's soft update "
                                     "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
+    dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
+    raft_top_k: int = _f(1, "raft: samples of each group kept (the k highest rewards) and fine-tuned on")
     hacking_guard: str = _f("off", "reward-hacking monitor (needs log.gold_rewards): 'warn' logs an alarm when the training "
                             "reward's trend rises while a gold reward's falls; 'stop' also ends training; 'rollback' "
                             "also restores the best-by-gold checkpoint, then stops (diffusion_rl.hacking_guard)")
@@ -368,7 +371,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _validate_types(self, "train")
-        _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft"])
+        _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft"])
+        _positive("train.dpo_beta", self.dpo_beta)
+        _positive("train.raft_top_k", self.raft_top_k)
         _positive("train.nft_beta", self.nft_beta)
         if len(self.nft_old_decay) != 3 or min(self.nft_old_decay) < 0 or self.nft_old_decay[2] >= 1:
             raise ConfigError(f"train.nft_old_decay must be [flat >= 0, rate >= 0, 0 <= cap < 1], got {self.nft_old_decay}")
@@ -500,7 +505,7 @@ class RunConfig:
                 raise ConfigError(f"config section '{f.name}' must be a {_SECTION_CLASSES[f.name].__name__}, "
                                   f"got {type(section).__name__}")
         algo = self.train.algorithm
-        if algo in ("grpo", "pref_grpo", "nft") and self.sample.group_size < 2:
+        if algo in ("grpo", "pref_grpo", "nft", "dpo", "raft") and self.sample.group_size < 2:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
                 f"got {self.sample.group_size}"
@@ -508,9 +513,9 @@ class RunConfig:
         if algo == "ddpo" and self.sample.kernel != "ddim" and not self.advantage.per_prompt_tracking:
             pass  # DDPO on flow models is allowed; the preset picks DDIM for UNets
         # reward backprop (draft) needs no sampling randomness: ODE and DDIM eta=0 are its usual samplers
-        if self.sample.kernel == "ode" and algo not in ("draft", "nft"):
+        if self.sample.kernel == "ode" and algo not in _FORWARD_PROCESS:
             raise ConfigError("sample.kernel 'ode' has no randomness to learn from; pick flow_sde, dance_sde, cps or ddim")
-        if self.sample.antithetic_noise and algo in ("draft", "nft"):
+        if self.sample.antithetic_noise and algo in _FORWARD_PROCESS:
             raise ConfigError(f"sample.antithetic_noise mirrors the SDE noise of likelihood rollouts (grpo, pref_grpo, "
                               f"ddpo); {algo} samples without it: remove the key")
         if self.sample.kernel == "ddim" and self.sample.noise_level == 0 and algo != "draft":
@@ -536,12 +541,15 @@ class RunConfig:
         if self.train.best_worst_k and algo not in ("grpo", "pref_grpo"):
             raise ConfigError(f"train.best_worst_k ranks the samples of a group: it applies to grpo and pref_grpo, "
                               f"not {algo}; set it to 0")
-        if self.train.noise_aware_weight and algo in ("draft", "nft"):
+        if self.train.noise_aware_weight and algo in _FORWARD_PROCESS:
             raise ConfigError(f"train.noise_aware_weight weights the per-step policy-gradient loss of grpo, pref_grpo "
                               f"and ddpo; {algo} has none: set it to false")
-        if self.sample.branching and algo in ("draft", "nft"):
+        if self.sample.branching and algo in _FORWARD_PROCESS:
             raise ConfigError(f"sample.branching shapes the SDE rollouts of grpo, pref_grpo and ddpo; {algo} samples "
                               "without them: set it to false")
+        if algo == "raft" and self.train.raft_top_k >= self.sample.group_size:
+            raise ConfigError(f"train.raft_top_k ({self.train.raft_top_k}) must be below sample.group_size "
+                              f"({self.sample.group_size}): keeping every sample ranks nothing")
         if 2 * self.train.best_worst_k > self.sample.group_size:
             raise ConfigError(f"train.best_worst_k ({self.train.best_worst_k}) keeps 2k = {2 * self.train.best_worst_k} "
                               f"samples of each group, more than sample.group_size ({self.sample.group_size}); "
@@ -551,6 +559,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+
+# methods that sample without SDE likelihoods (any ODE solver) and bring their own iteration
+_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft")
 
 _SECTION_CLASSES = {
     "model": ModelConfig, "sample": SampleConfig, "reward": RewardConfig, "advantage": AdvantageConfig,

@@ -159,5 +159,27 @@ NFT_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+FORWARD_PRESETS: dict[str, dict[str, Any]] = {
+    # Diffusion-DPO (SalesforceAIResearch/DiffusionDPO@5233e75 train.py + launchers/sd15.sh): beta_dpo 5000,
+    # lr 1e-8 scaled by the effective batch 2048 (--scale_lr: 2.048e-5), AdamW weight decay 1e-2, grad norm 1;
+    # here online (the best and worst of each group of the current policy) with the LoRA-free model as reference
+    "diffusion_dpo": {
+        "train": {"algorithm": "dpo", "dpo_beta": 5000.0, "learning_rate": 2.048e-5, "weight_decay": 1e-2,
+                  "max_grad_norm": 1.0, "kl_beta": 0.0, "num_minibatches": 1},
+        "sample": {"num_steps": 10, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler", "group_size": 8,
+                   "prompts_per_iteration": 16},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
+    },
+    # RAFT on diffusion (OptimalScale/LMFlow@613bba0 experimental/RAFT-diffusion/SD256-RAFT.ipynb): 10 images
+    # per prompt, the best kept, lr 9e-6, LoRA (diffusers' rank 4), 10 passes over the winners, grad norm 1
+    "raft": {
+        "train": {"algorithm": "raft", "raft_top_k": 1, "learning_rate": 9e-6, "num_inner_epochs": 10,
+                  "max_grad_norm": 1.0, "kl_beta": 0.0, "num_minibatches": 1},
+        "sample": {"num_steps": 10, "kernel": "ode", "noise_level": 0.0, "ode_solver": "dpm2", "group_size": 10,
+                   "prompts_per_iteration": 10},
+        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
+    },
+}
+
 PRESETS: dict[str, dict[str, Any]] = {**GRPO_PRESETS, **PREF_GRPO_PRESETS, **DDPO_PRESETS, **DRAFT_PRESETS,
-                                      **NFT_PRESETS}
+                                      **NFT_PRESETS, **FORWARD_PRESETS}

@@ -1,8 +1,8 @@
 """One readable file per method. A policy-gradient method (GRPO, Pref-GRPO, DDPO) is the advantage
 computation that distinguishes it: `advantages(batch, order) -> (this process's advantages, metrics)`, where
 `order` gathers rewards from every process in canonical order; the PPO update is shared in
-`diffusion_rl.trainer`. DRaFT/AlignProp backpropagate the reward instead and DiffusionNFT trains on the
-forward process; both bring their own `iteration`.
+`diffusion_rl.trainer`. DRaFT/AlignProp backpropagate the reward instead; DiffusionNFT, Diffusion-DPO and RAFT train on the
+forward process; they bring their own `iteration`.
 None of them sees the trainer. The papers' presets are in `diffusion_rl.presets`."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from typing import Any, Protocol
 import torch
 
 from diffusion_rl.algorithms.ddpo import DDPO
+from diffusion_rl.algorithms.dpo import DiffusionDPO
 from diffusion_rl.algorithms.draft import DRaFT
 from diffusion_rl.algorithms.grpo import GRPO
 from diffusion_rl.algorithms.nft import DiffusionNFT
 from diffusion_rl.algorithms.pref_grpo import PrefGRPO
+from diffusion_rl.algorithms.raft import RAFT
 from diffusion_rl.config import RunConfig
 from diffusion_rl.rollout import RolloutBatch
 from diffusion_rl.sharding import CanonicalOrder
@@ -28,7 +30,7 @@ class AdvantageAlgorithm(Protocol):
 
 
 def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
-                   ) -> AdvantageAlgorithm | DRaFT | DiffusionNFT:
+                   ) -> AdvantageAlgorithm | DRaFT | DiffusionNFT | DiffusionDPO | RAFT:
     """The method `train.algorithm` names, built from the config and the rewards it needs."""
     name = cfg.train.algorithm
     if name == "grpo":
@@ -39,7 +41,12 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
         return PrefGRPO(cfg, pairwise)
     if name == "nft":
         return DiffusionNFT(cfg, rewards)
+    if name == "dpo":
+        return DiffusionDPO(cfg, rewards)
+    if name == "raft":
+        return RAFT(cfg, rewards)
     return DRaFT(cfg, rewards)
 
 
-__all__ = ["DDPO", "AdvantageAlgorithm", "DRaFT", "DiffusionNFT", "GRPO", "PrefGRPO", "make_algorithm"]
+__all__ = ["DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
+           "make_algorithm"]

@@ -1,0 +1,224 @@
+"""Diffusion-DPO (Wallace et al., 2023, arXiv 2311.12908), online: preference pairs ranked by a reward.
+
+For a pair (x_w preferred, x_l) of one prompt, noised at the same step with the same noise, the loss is
+
+    L = -log sigmoid( -beta/2 * [ (||e_w - e_theta(x_w,t)||^2 - ||e_l - e_theta(x_l,t)||^2)
+                                  - (||e_w - e_ref(x_w,t)||^2  - ||e_l - e_ref(x_l,t)||^2) ] )
+
+with || ||^2 the mean over the latent's elements, e the prediction target and e_ref the frozen reference
+(`dpo_loss`). On a flow model the target is the velocity eps - x_0 at x_t = (1 - s) x_0 + s eps (the form
+Flow-Factory and verl-omni use); the epsilon form is the same formula with target eps.
+
+Reference read: SalesforceAIResearch/DiffusionDPO@5233e75 train.py (loss at lines 1122-1145: the per-sample
+MSE mean over dims [1, 2, 3], scale_term = -0.5 * beta_dpo, loss = -logsigmoid(scale_term * (model_diff -
+ref_diff)).mean(); timesteps and noise shared by the two images of a pair; beta_dpo 5000; launchers/sd15.sh),
+and its online flow-matching form in X-GenGroup/Flow-Factory@5f6cda1 src/flow_factory/trainers/rl/dpo.py
+(velocity target noise - x_0, the best and the worst advantage of each group as the pair, beta 2000 by default,
+logit-normal timesteps).
+
+Online, as this file does it: every iteration samples `group_size` images per prompt with the current policy
+(deterministic ODE, no likelihoods), scores them, and pairs the best with the worst of each group (ranked
+by the group-normalised advantage, so several rewards combine as in GRPO; a group whose best and worst tie
+is trained at weight 0). The reference is the base model with its LoRA adapters disabled (or the frozen copy of
+`train.kl_reference: copy`). Each pair is trained at one schedule step drawn at random (counter-based),
+with one noise shared by its two images.
+
+Simplifications: flow-matching (velocity) models only; the step is drawn from the sampling schedule's
+`sample.num_steps` sigmas (the reference draws t uniformly in [0, 1000)); the training forwards use
+`sample.guidance_scale` as DiffusionNFT here does (the reference trains the conditional prediction: set
+guidance_scale 1 for that). Offline DPO on a preference-pair dataset (Pick-a-Pic) is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from diffusion_rl.algorithms.grpo import grpo_advantages
+from diffusion_rl.algorithms.nft import FORWARD_NOISE_STEP, sample_ode
+from diffusion_rl.config import RunConfig
+from diffusion_rl.kernels import Kernel
+from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
+from diffusion_rl.policy import Policy
+from diffusion_rl.seeding import counter_noise, noise_key
+from diffusion_rl.sharding import CanonicalOrder
+from mmreward.errors import ConfigError
+from mmreward.prompt_sources import score_with_metadata
+
+FORWARD_STEP_DRAW = -7  # the last counter of the seed of a forward-process training step (dpo, raft)
+
+
+# ----------------------------------------------------------------------------------------------
+# the paper's formulas (pure)
+# ----------------------------------------------------------------------------------------------
+def dpo_loss(err_w: torch.Tensor, err_l: torch.Tensor, ref_err_w: torch.Tensor, ref_err_l: torch.Tensor,
+             beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair Diffusion-DPO loss (P,) and its implicit accuracy (P,) (1 where the policy already prefers
+    the winner more than the reference does), from per-sample squared errors (P,) of the policy and reference."""
+    inside = -0.5 * beta * ((err_w - err_l) - (ref_err_w - ref_err_l).detach())
+    return -F.logsigmoid(inside), (inside > 0).float()
+
+
+def best_worst_pairs(scores: torch.Tensor, groups: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(winner rows, loser rows, valid): one pair per group, in ascending group order: the row of its highest
+    and of its lowest score (the first one on ties). A group whose scores are all equal has no preference:
+    its pair is kept with valid 0 (weight 0), so every process trains the same number of pairs."""
+    wins, losses, valid = [], [], []
+    for g in torch.unique(groups).tolist():
+        rows = torch.nonzero(groups == g).flatten()
+        s = scores[rows]
+        wins.append(int(rows[int(torch.argmax(s))]))
+        losses.append(int(rows[int(torch.argmin(s))]))
+        valid.append(float(s.max() > s.min()))
+    return torch.tensor(wins, dtype=torch.long), torch.tensor(losses, dtype=torch.long), torch.tensor(valid)
+
+
+def flow_matching_error(v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """Per-sample ||v - (eps - x_0)||^2, the mean over the non-batch dimensions (B,)."""
+    return ((v - (eps - x0)) ** 2).mean(dim=tuple(range(1, x0.dim())))
+
+
+# ----------------------------------------------------------------------------------------------
+# shared by the online forward-process methods (dpo, raft): sample, score, rank; draw t and eps
+# ----------------------------------------------------------------------------------------------
+def check_flow_lora(name: str, adapter: PipelineAdapter, policy: Policy, *, needs_reference: bool) -> None:
+    if not adapter.is_flow:
+        raise ConfigError(f"train.algorithm '{name}' trains a flow model's velocity on the forward process: use an "
+                          f"SD3, FLUX or other flow pipeline (this one is {adapter.family})")
+    if needs_reference and policy.ref_model is None and not hasattr(policy.unwrapped, "disable_adapters"):
+        raise ConfigError(f"train.algorithm '{name}' needs a frozen reference: set model.lora=true (the reference is "
+                          "the model with its adapters disabled) or train.kl_reference=copy with train.kl_beta > 0")
+
+
+def sample_and_rank(cfg: RunConfig, rewards: dict[str, Any], metadata: Any, it: int, policy: Policy,
+                    adapter: PipelineAdapter, prompts: list[str], embeds: PromptEmbeds, slots: torch.Tensor,
+                    sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """(x_0 latents, decoded images, this process's advantages, reward metrics): ODE samples of the current
+    policy, scored and group-normalised over all processes (each process holds whole groups)."""
+    acc = policy.accelerator
+    model, n = policy.unwrapped, len(prompts)
+    x0_parts = []
+    model.eval()
+    with acc.autocast():
+        for idx in torch.split(torch.arange(n), cfg.sample.batch_size):
+            x0_parts.append(sample_ode(
+                adapter, model, embeds.index(idx), slots[idx].tolist(), sample_ids[idx].tolist(),
+                num_steps=cfg.sample.num_steps, guidance_scale=cfg.sample.guidance_scale,
+                solver=cfg.sample.ode_solver, seed=cfg.train.seed, epoch=it,
+                share_initial_noise=cfg.sample.share_initial_noise))
+    x0_all = torch.cat(x0_parts).float()
+    images = torch.cat([adapter.decode(x0_all[i]) for i in torch.split(torch.arange(n), cfg.sample.batch_size)])
+    scores = {name: score_with_metadata(r, prompts, images, metadata).scores.float().to(acc.device)
+              for name, r in rewards.items()}
+    order = CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
+    adv_all, metrics = grpo_advantages({k: order.gather(v) for k, v in scores.items()}, order.gather(slots),
+                                       cfg.reward.rewards, cfg.advantage, cfg.reward.aggregation)
+    for name, r in scores.items():
+        all_r = order.gather(r)
+        metrics[f"reward/{name}"] = float(all_r.mean())
+        metrics[f"reward/{name}_std"] = float(all_r.std()) if len(all_r) > 1 else 0.0
+    return x0_all, images, order.local(adv_all).cpu(), metrics
+
+
+def forward_draw(adapter: PipelineAdapter, num_steps: int, seed: int, it: int, slot: int, sample_id: int,
+                 device: torch.device, draw: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sigma, timestep, eps) of one forward-noising: a schedule step uniform over `num_steps` and its noise,
+    both counter-based on (seed, iteration, slot, sample, draw), so they do not depend on batching or processes
+    (`draw` numbers repeated noisings of one sample, e.g. RAFT's inner epochs)."""
+    gen = torch.Generator().manual_seed(noise_key(seed, it, slot, sample_id, draw, FORWARD_STEP_DRAW))
+    j = int(torch.randint(0, num_steps, (1,), generator=gen))
+    schedule = adapter.schedule(num_steps)
+    step = FORWARD_NOISE_STEP + draw * num_steps + j  # distinct from the rollout's steps (< 10000)
+    eps = counter_noise(adapter.latent_shape(), seed, it, [slot], [sample_id], step, device)[0]
+    return schedule.a[j].to(device, torch.float32), schedule.timesteps[j].to(device), eps.float()
+
+
+@torch.no_grad()
+def reference_velocity(policy: Policy, adapter: PipelineAdapter, x_t: torch.Tensor, t: torch.Tensor,
+                       emb: PromptEmbeds, guidance_scale: float) -> torch.Tensor:
+    """The frozen reference's velocity: the frozen copy when there is one, else the model without its LoRA."""
+    with policy.accelerator.autocast():
+        if policy.ref_model is not None:
+            return adapter.predict(policy.ref_model, x_t, t, emb, guidance_scale).float()
+        model = policy.unwrapped
+        model.disable_adapters()
+        try:
+            return adapter.predict(model, x_t, t, emb, guidance_scale).float()
+        finally:
+            model.enable_adapters()
+
+
+# ----------------------------------------------------------------------------------------------
+# the method
+# ----------------------------------------------------------------------------------------------
+class DiffusionDPO:
+    """Online Diffusion-DPO (see the module docstring): `iteration` runs one whole iteration."""
+
+    name = "dpo"
+
+    def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
+        self.cfg, self.rewards = cfg, rewards
+        self.metadata = cfg.prompts.load("train")  # metadata-aware rewards look prompts up here
+
+    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
+                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
+                  ) -> tuple[dict[str, float], torch.Tensor]:
+        """Sample and score groups, pair best with worst, then `num_minibatches` optimizer steps of the DPO loss."""
+        del kernel  # sampled by an ODE solver; the loss is on the forward process
+        check_flow_lora(self.name, adapter, policy, needs_reference=True)
+        t0 = time.perf_counter()
+        x0_all, images, adv, metrics = sample_and_rank(self.cfg, self.rewards, self.metadata, it, policy, adapter,
+                                                       prompts, embeds, slots, sample_ids)
+        win, lose, valid = best_worst_pairs(adv, slots.cpu())
+        t1 = time.perf_counter()
+        metrics.update(self._train(it, policy, adapter, embeds, slots, x0_all, win, lose, valid))
+        metrics["dpo/pairs"] = float(valid.sum())
+        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
+        return metrics, images.detach().cpu()
+
+    def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
+               x0_all: torch.Tensor, win: torch.Tensor, lose: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+        cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
+        gs = cfg.sample.guidance_scale
+        stats: dict[str, list[float]] = {"loss": [], "implicit_acc": [], "model_diff": [], "ref_diff": []}
+        grad_norms = []
+        model = policy.model
+        # minibatches split the pairs, one per group (tied groups at weight 0)
+        for mb in torch.tensor_split(torch.arange(len(win)), tc.num_minibatches):
+            chunks = [c for c in torch.split(mb, tc.micro_batch_size) if len(c)]
+            model.train()
+            for c_i, chunk in enumerate(chunks):
+                rows = torch.cat([win[chunk], lose[chunk]])  # winners first, then their losers
+                draws = [forward_draw(adapter, cfg.sample.num_steps, tc.seed, it, int(slots[r]), 0, acc.device)
+                         for r in win[chunk].tolist()]  # one (t, eps) per pair, shared by its two images
+                sigma = torch.stack([d[0] for d in draws]).repeat(2)
+                t = torch.stack([d[1] for d in draws]).repeat(2)
+                eps = torch.stack([d[2] for d in draws]).repeat(2, *([1] * (x0_all.dim() - 1)))
+                x0 = x0_all[rows].to(acc.device)
+                view = (-1,) + (1,) * (x0.dim() - 1)
+                x_t = (1.0 - sigma.view(view)) * x0 + sigma.view(view) * eps
+                emb = embeds.index(rows)
+                ref_err = flow_matching_error(reference_velocity(policy, adapter, x_t, t, emb, gs), x0, eps)
+                with contextlib.nullcontext() if c_i == len(chunks) - 1 else acc.no_sync(model):
+                    with acc.autocast():
+                        v = adapter.predict(model, x_t, t, emb, gs).float()
+                    err = flow_matching_error(v, x0, eps)
+                    p = len(chunk)
+                    loss, implicit_acc = dpo_loss(err[:p], err[p:], ref_err[:p], ref_err[p:], tc.dpo_beta)
+                    acc.backward((loss * valid[chunk].to(loss.device)).sum() / len(mb))
+                stats["loss"].append(float(loss.detach().mean()))
+                stats["implicit_acc"].append(float(implicit_acc.mean()))
+                stats["model_diff"].append(float((err[:p] - err[p:]).detach().mean()))
+                stats["ref_diff"].append(float((ref_err[:p] - ref_err[p:]).mean()))
+            gn = policy.step()
+            if gn is not None:
+                grad_norms.append(gn)
+        out = {f"train/{key}": sum(v) / len(v) for key, v in stats.items() if v}
+        if grad_norms:
+            out["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        return out
