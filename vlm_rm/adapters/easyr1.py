@@ -13,6 +13,9 @@ reach the reward function. This adapter reads, in order: the input's own media k
 that forwards the sample's media would pass), then, as the documented fallback for EasyR1 as released,
 a media reference in ground_truth (`media_ref(path, answer=...)`, see media_refs) or extra_info.
 
+A response reward (`score_responses`, e.g. shapes-vqa) gets the response, the question and the reference
+answer from ground_truth: `media_ref(path, answer=..., question=...)` (see scoring.response_fields).
+
 reward_function_kwargs choose the reward ({reward: clipscore, checkpoint: ..., device: ..., scale:,
 shift:, batch_size:, failure_value:, options: {...}}); other keyword arguments are accepted and ignored.
 An input whose medium cannot be read or scored gets `failure_value` (default 0.0, a finite number
@@ -27,7 +30,13 @@ from typing import Any
 
 from mmreward.errors import RewardInputError
 from vlm_rm.adapters.media_refs import find_media
-from vlm_rm.adapters.scoring import check_failure_value, finite_number, prepare_media, score_pairs
+from vlm_rm.adapters.scoring import (
+    check_failure_value,
+    finite_number,
+    prepare_media,
+    response_fields,
+    score_pairs,
+)
 from vlm_rm.adapters.verl import DEFAULT_FAILURE_VALUE, reward_from_kwargs
 
 REWARD_NAME = "mmreward"
@@ -78,8 +87,10 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, k
                     )
                 medium = found[0]
             media.append(medium)
+        fields = [response_fields(it.get("extra_info"), it.get("ground_truth")) for it in reward_inputs]
         values = score_pairs(reward, [it["response"] for it in reward_inputs], media, scale=scale, shift=shift,
-                             batch_size=batch_size, failure_value=failure_value)
+                             batch_size=batch_size, failure_value=failure_value,
+                             questions=[q for q, _ in fields], references=[r for _, r in fields])
         values = [failure_value if v is None else v for v in values]
         return [{"overall": v, key: v} for v in values]
 

@@ -139,15 +139,21 @@ def score_pairs(
     shift: float = 0.0,
     batch_size: int | None = None,
     failure_value: float | None = None,
+    questions: Sequence[str] | None = None,
+    references: Sequence[str | None] | None = None,
 ) -> list[float | None]:
     """scale * reward(text_i, media_i) + shift for each pair.
+
+    A response reward (one with `score_responses`, e.g. mmreward.types.ResponseReward) gets the texts as
+    responses, each with its question ("" where none is given) and reference answer (None where none is).
 
     None where the medium is None (no medium: the reward does not apply); `failure_value` where
     the medium is an ItemFailure, scoring that item fails, or the score is not finite. Items are
     scored in batches; a failing batch is retried item by item so one bad image costs only its item.
     """
     return [v for v, _ in score_pairs_detailed(reward, texts, media, scale=scale, shift=shift,
-                                               batch_size=batch_size, failure_value=failure_value)]
+                                               batch_size=batch_size, failure_value=failure_value,
+                                               questions=questions, references=references)]
 
 
 def score_pairs_detailed(
@@ -159,12 +165,27 @@ def score_pairs_detailed(
     shift: float = 0.0,
     batch_size: int | None = None,
     failure_value: float | None = None,
+    questions: Sequence[str] | None = None,
+    references: Sequence[str | None] | None = None,
 ) -> list[tuple[float | None, dict[str, float]]]:
     """score_pairs, plus each item's per-dimension `details` (raw, unscaled; empty for a failed item)."""
     from mmreward.errors import RewardInputError
+    from mmreward.types import scores_responses
 
     if len(texts) != len(media):
         raise RewardInputError(f"got {len(texts)} texts but {len(media)} media; pass one medium (or None) per text")
+    for name, values in (("questions", questions), ("references", references)):
+        if values is not None and len(values) != len(texts):
+            raise RewardInputError(f"got {len(values)} {name} for {len(texts)} responses; pass one per response")
+    questions = [""] * len(texts) if questions is None else list(questions)
+    references = [None] * len(texts) if references is None else list(references)
+    if scores_responses(reward):
+        def call(idx: list[int]) -> Any:  # the response contract: question, medium, response, reference
+            return reward.score_responses([questions[i] for i in idx], [media[i] for i in idx],
+                                          [texts[i] for i in idx], [references[i] for i in idx])
+    else:
+        def call(idx: list[int]) -> Any:
+            return reward.score([texts[i] for i in idx], [media[i] for i in idx])
     out: list[tuple[float | None, dict[str, float]]] = [(None, {})] * len(texts)
     for i, m in enumerate(media):
         if isinstance(m, ItemFailure):
@@ -176,13 +197,13 @@ def score_pairs_detailed(
         idx = todo[start : start + step]
         scored: list[tuple[float, dict[str, float]] | None]
         try:
-            scored = _rows(reward.score([texts[i] for i in idx], [media[i] for i in idx]))
+            scored = _rows(call(idx))
         except ITEM_ERRORS as exc:
             logger.warning("reward batch failed (%s); scoring its %d items one by one", exc, len(idx))
             scored = []
             for i in idx:
                 try:
-                    scored.append(_rows(reward.score([texts[i]], [media[i]]))[0])
+                    scored.append(_rows(call([i]))[0])
                 except ITEM_ERRORS as item_exc:
                     record_failure("reward error", i, f"{type(item_exc).__name__}: {item_exc}")
                     scored.append(None)
@@ -205,6 +226,30 @@ def _rows(output: Any) -> list[tuple[float, dict[str, float]]]:
         if hasattr(value, "reshape") and value.numel() == len(scores):
             details[key] = [float(v) for v in value.reshape(-1).tolist()]
     return [(s, {k: v[i] for k, v in details.items()}) for i, s in enumerate(scores)]
+
+
+def response_fields(*fields: Any) -> tuple[str, str | None]:
+    """(question, reference answer) of a sample for a response reward, from the first of `fields` (dicts or
+    JSON strings such as a media reference) that has them: "question"/"problem", "answer"/"ground_truth".
+    A plain string field is the reference itself (verl's and EasyR1's ground_truth)."""
+    import json
+
+    from vlm_rm.adapters.media_refs import MEDIA_KEY, parse_media_ref
+
+    question, reference = "", None
+    for value in fields:
+        if isinstance(value, str) and value.strip().startswith("{") and MEDIA_KEY in value:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        if isinstance(value, dict):
+            question = question or next((str(value[k]) for k in ("question", "problem") if value.get(k)), "")
+            if reference is None:
+                reference = next((str(value[k]) for k in ("answer", "ground_truth") if value.get(k) is not None), None)
+        elif isinstance(value, str) and reference is None and parse_media_ref(value) is None:
+            reference = value
+    return question, reference
 
 
 def compose_text(mode: str, prompt: Any, completion: Any, template: str | None) -> str:

@@ -30,11 +30,14 @@ from vlm_rm.adapters.scoring import (
     check_template,
     compose_text,
     finite_number,
+    message_text,
     prepare_media,
     score_pairs,
 )
 
 IMAGE_COLUMNS = ("images", "image")
+# where a response reward's reference answer comes from when `reference_column` is not given
+REFERENCE_COLUMNS = ("answer", "solution", "ground_truth")
 # What GRPOTrainer passes besides the dataset columns (trl 1.x); never searched for media references.
 TRAINER_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments", "step",
                             "run_name"})
@@ -73,6 +76,17 @@ def _media_per_item(n: int, columns: dict[str, Any], image_column: str | None,
     return [r[0] if r else None for r in refs]
 
 
+def _references(n: int, columns: dict[str, Any], reference_column: str | None) -> list[str | None] | None:
+    """The reference answer per completion from a dataset column (None when the dataset has none)."""
+    keys = [reference_column] if reference_column else [k for k in REFERENCE_COLUMNS if k in columns]
+    if not keys:
+        return None
+    cells = columns.get(keys[0])
+    if not isinstance(cells, (list, tuple)) or len(cells) != n:
+        raise RewardInputError(f"trl reward: reference column '{keys[0]}' must hold one answer per completion ({n})")
+    return [None if c is None else str(c) for c in cells]
+
+
 def _load_reward(reward: Any, device: str | None, dtype: str | None, weights: str,
                  options: Mapping[str, Any] | None) -> Any:
     """The reward to score with: a loaded Reward as given, a string loaded now (not at the first step)."""
@@ -108,8 +122,14 @@ def trl_reward_function(
     dtype: str | None = None,
     weights: str = "pretrained",
     options: Mapping[str, Any] | None = None,
+    reference_column: str | None = None,
 ):
     """A GRPOTrainer reward function: `scale * reward(text, image) + shift` per completion.
+
+    A response reward (`score_responses`, e.g. shapes-vqa) gets the completion as the response, the
+    prompt's text as the question and the `reference_column` cell (default: the first of "answer",
+    "solution", "ground_truth" the dataset has, else none) as the reference; `text`/`template` then
+    do not apply.
 
     text: what the reward reads: "completion" (e.g. a caption to check against the image),
     "prompt", or "prompt+completion"; or a `template` with {prompt} and {completion}.
@@ -126,14 +146,25 @@ def trl_reward_function(
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"trl reward: batch_size must be an integer >= 1 or None, got {batch_size!r}")
     reward = _load_reward(reward, device, dtype, weights, options)
+    from mmreward.types import scores_responses
+
+    responses = scores_responses(reward)
+    if reference_column is not None and not responses:
+        raise ConfigError(f"trl reward: reference_column applies to response rewards (score_responses); "
+                          f"'{getattr(reward, 'name', 'reward')}' scores (text, image) pairs")
 
     def reward_fn(prompts, completions, **columns) -> list[float | None]:
         n = len(completions)
         if prompts and len(prompts) != n:
             raise RewardInputError(f"trl reward: got {len(prompts)} prompts for {n} completions; "
                                    "trl passes one prompt per completion")
-        texts = [compose_text(text, prompts[i] if prompts else None, completions[i], template) for i in range(n)]
         media = _media_per_item(n, columns, image_column, prompts)
+        if responses:
+            return score_pairs(reward, [message_text(c) for c in completions], media, scale=scale, shift=shift,
+                               batch_size=batch_size, failure_value=failure_value,
+                               questions=[message_text(p) for p in prompts] if prompts else None,
+                               references=_references(n, columns, reference_column))
+        texts = [compose_text(text, prompts[i] if prompts else None, completions[i], template) for i in range(n)]
         return score_pairs(reward, texts, media, scale=scale, shift=shift, batch_size=batch_size,
                            failure_value=failure_value)
 

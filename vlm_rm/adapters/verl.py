@@ -30,6 +30,9 @@ sum whose components are the keys), or use one reward's own details.
 `compute_score_batch` serves verl releases before the Reward Loop (verl.workers.reward_manager.batch,
 `reward_model.reward_manager=batch`); verl 0.9.1's trainer no longer registers a `batch` manager.
 
+A response reward (`score_responses`, e.g. shapes-vqa) gets solution_str as the response, the question
+from extra_info["question"] and the reference from ground_truth (see scoring.response_fields).
+
 reward_kwargs choose the reward: {reward: clipscore | rewards: {name: weight}, checkpoint: ..., device:
 cuda, dtype: float16, weights: pretrained, scale: 1.0, shift: 0.0, batch_size: 64, failure_value: 0.0,
 details: false, server: null, options: {<loader options>}}. Any other keyword argument (verl adds new
@@ -57,7 +60,7 @@ from typing import Any
 
 from mmreward.errors import ConfigError, RewardInputError
 from vlm_rm.adapters.media_refs import find_media
-from vlm_rm.adapters.scoring import check_failure_value, finite_number, score_pairs_detailed
+from vlm_rm.adapters.scoring import check_failure_value, finite_number, response_fields, score_pairs_detailed
 
 logger = logging.getLogger(__name__)
 
@@ -224,8 +227,9 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, b
 
     def one(data_source, solution_str, ground_truth, extra_info=None, **_: Any) -> Any:
         media = _sample_media(data_source, ground_truth, extra_info)
+        question, reference = response_fields(extra_info, ground_truth)
         rows = score_pairs_detailed(reward, [solution_str], [media], scale=scale, shift=shift,
-                                    failure_value=failure_value)
+                                    failure_value=failure_value, questions=[question], references=[reference])
         return _answers(reward, rows, failure_value, details)[0]
 
     def many(data_sources, solution_strs, ground_truths, extra_infos=None, **_: Any) -> list[float]:
@@ -237,8 +241,10 @@ def make_compute_score(reward: Any, *, scale: float = 1.0, shift: float = 0.0, b
                 f"sample; got {len(data_sources)}, {n}, {len(ground_truths)}, {len(extra_infos)}"
             )
         media = [_sample_media(s, g, i) for s, g, i in zip(data_sources, ground_truths, extra_infos)]
+        fields = [response_fields(i, g) for g, i in zip(ground_truths, extra_infos)]
         rows = score_pairs_detailed(reward, list(solution_strs), media, scale=scale, shift=shift,
-                                    batch_size=batch_size, failure_value=failure_value)
+                                    batch_size=batch_size, failure_value=failure_value,
+                                    questions=[q for q, _ in fields], references=[r for _, r in fields])
         return _answers(reward, rows, failure_value, details)
 
     return many if batch else one
@@ -273,12 +279,13 @@ class _MicroBatcher:
 
     def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
-        self.pending: list[tuple[str, str, asyncio.Future]] = []  # (text, media, answer)
+        # (text, media, answer future, (question, reference) for response rewards)
+        self.pending: list[tuple[str, str, asyncio.Future, tuple[str, str | None]]] = []
         self.draining = False
 
-    async def score(self, text: str, media: str) -> Any:
+    async def score(self, text: str, media: str, fields: tuple[str, str | None] = ("", None)) -> Any:
         fut = asyncio.get_running_loop().create_future()
-        self.pending.append((text, media, fut))
+        self.pending.append((text, media, fut, fields))
         if not self.draining:
             self.draining = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -292,16 +299,17 @@ class _MicroBatcher:
                 batch, self.pending = self.pending[:limit], self.pending[limit:]
                 try:
                     rows = await asyncio.to_thread(
-                        score_pairs_detailed, self.cfg.reward, [t for t, _, _ in batch], [m for _, m, _ in batch],
+                        score_pairs_detailed, self.cfg.reward, [b[0] for b in batch], [b[1] for b in batch],
                         scale=self.cfg.scale, shift=self.cfg.shift, failure_value=self.cfg.failure_value,
+                        questions=[b[3][0] for b in batch], references=[b[3][1] for b in batch],
                     )
                     answers = _answers(self.cfg.reward, rows, self.cfg.failure_value, self.cfg.details)
                 except Exception as exc:  # handed to every waiting sample, not swallowed
-                    for _, _, fut in batch:
+                    for _, _, fut, _ in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
-                for (_, _, fut), value in zip(batch, answers):
+                for (_, _, fut, _), value in zip(batch, answers):
                     if not fut.done():
                         fut.set_result(value)
         finally:
@@ -323,4 +331,4 @@ async def compute_score_async(data_source, solution_str, ground_truth, extra_inf
     batcher = per_loop.get(cfg.key)
     if batcher is None:
         batcher = per_loop[cfg.key] = _MicroBatcher(cfg)
-    return await batcher.score(solution_str, media)
+    return await batcher.score(solution_str, media, response_fields(extra_info, ground_truth))
