@@ -27,13 +27,6 @@ NOT_COMPARED = {
     "shapesworld-aesthetic": "ShapesWorld's own model: ours is the original",
     "shapesworld-pref": "ShapesWorld's own model: ours is the original",
     "preference-head": "a head you train with mmreward.train: ours is the original",
-    # published weights, comparison not written yet (what is checked today, and where)
-    "videoscore2": "published weights; no transcribed vs2_inference.py run yet (its decoding constants and 2 fps "
-                   "frame picking are checked in tests/test_judge_fidelity.py)",
-    "editscore": "published weights; no transcribed EditScore.batch_evaluate run yet (prompts, chat rendering and "
-                 "the answer parser are checked in tests/test_edit_rewards.py)",
-    "paco-reward": "published weights; no transcribed PaCo-GRPO consistency_scorer run yet (tests/test_vlm_paco.py "
-                   "compares with a plain transformers pipeline that reuses our resize)",
 }
 
 

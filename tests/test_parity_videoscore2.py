@@ -227,8 +227,8 @@ def test_videoscore2_request_sampling_and_soft_scores_are_vs2_inference(vs2_dir,
                             dtype=torch.float64)
     if generation:  # the digits survive these warpers: the values compared are not all zero
         assert float(ref_soft.abs().max()) > 0
-    record_parity("videoscore2", original=f"{VS2} ll_based_soft_score_normed at each step {generation or ''}",
-                  how="transcribed", actual=ours_soft, expected=ref_soft, cases=cases)
+    record_parity("videoscore2", original=f"{VS2} ll_based_soft_score_normed at each step", how="transcribed",
+                  actual=ours_soft, expected=ref_soft, cases=(*cases, f"generation_config {generation or 'defaults'}"))
     assert_close_scaled(ours_soft, ref_soft, rel=1e-3)  # the original rounds to 4 decimals
 
 
