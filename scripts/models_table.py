@@ -22,7 +22,10 @@ HUB_FAMILY = {
     "hunyuanvideo-community/HunyuanVideo": "hunyuan_video", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan",
     "THUDM/CogVideoX-2b": "cogvideox", "Lightricks/LTX-Video": "ltx",
     "black-forest-labs/FLUX.2-klein-9B": "flux2_klein", "Tongyi-MAI/Z-Image-Turbo": "z_image",
-    "Qwen/Qwen-Image-2512": "qwen_image",
+    "Qwen/Qwen-Image-2512": "qwen_image", "black-forest-labs/FLUX.2-dev": "flux2",
+    # Wan 2.2 A14B T2V is a WanPipeline (the "wan" row; tests/test_recipes.py builds its two-expert tiny as "wan22")
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan", "Wan-AI/Wan2.2-I2V-A14B-Diffusers": "wan_i2v",
+    "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan_video15", "Lightricks/LTX-2": "ltx2",
 }
 
 

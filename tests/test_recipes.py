@@ -25,8 +25,16 @@ FAMILY = {"stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/F
           "hunyuanvideo-community/HunyuanVideo": "hunyuan_video", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan",
           "THUDM/CogVideoX-2b": "cogvideox", "Lightricks/LTX-Video": "ltx",
           "black-forest-labs/FLUX.2-klein-9B": "flux2_klein", "Tongyi-MAI/Z-Image-Turbo": "z_image",
-          "Qwen/Qwen-Image-2512": "qwen_image"}
-VIDEO = {"hunyuan_video", "wan", "cogvideox", "ltx"}
+          "Qwen/Qwen-Image-2512": "qwen_image", "black-forest-labs/FLUX.2-dev": "flux2",
+          # Wan 2.2 A14B: the same WanPipeline class as Wan 2.1, with transformer_2 (its own tiny builder and adapter)
+          "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan22", "Wan-AI/Wan2.2-I2V-A14B-Diffusers": "wan_i2v",
+          "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan_video15", "Lightricks/LTX-2": "ltx2"}
+VIDEO = {"hunyuan_video", "wan", "cogvideox", "ltx", "wan22", "wan_i2v", "hunyuan_video15", "ltx2"}
+# the tiny pipelines' geometry where it differs from the default 5 frames of 32 x 32 (VAE factors of each builder)
+TINY_VIDEO = {"ltx": (9, 32), "wan22": (9, 32), "wan_i2v": (9, 32), "hunyuan_video15": (5, 16), "ltx2": (9, 32)}
+# text tokens the tiny text encoders take (their templates and position tables)
+TINY_MSL = {"sd3": 8, "flux": 8, "cogvideox": 16, "flux2": 48, "wan22": 16, "wan_i2v": 16, "hunyuan_video15": 24,
+            "ltx2": 16}
 
 
 def _one_line_error(capsys) -> str:
@@ -96,6 +104,22 @@ def tiny_family_dirs(tmp_path_factory):
             from mmreward.testing.tiny_z_image import save_tiny_z_image_pipeline
 
             cache[family] = save_tiny_z_image_pipeline(root / family)
+        if family not in cache and family == "flux2":  # Flux2Pipeline (FLUX.2-dev: guidance embedding)
+            from mmreward.testing.tiny_flux2 import save_tiny_flux2
+
+            cache[family] = save_tiny_flux2(root / family, "dev")
+        if family not in cache and family in ("wan22", "wan_i2v"):  # two experts (and the first-frame condition)
+            from mmreward.testing.tiny_wan22 import save_tiny_wan22
+
+            cache[family] = save_tiny_wan22("t2v" if family == "wan22" else "i2v", root / family)
+        if family not in cache and family == "hunyuan_video15":
+            from mmreward.testing.tiny_hunyuan_video15 import save_tiny_hunyuan_video15
+
+            cache[family] = save_tiny_hunyuan_video15(root / family)
+        if family not in cache and family == "ltx2":
+            from mmreward.testing.tiny_ltx2 import save_tiny_ltx2_pipeline
+
+            cache[family] = save_tiny_ltx2_pipeline(root / family)
         if family not in cache:
             cache[family] = Path(save_tiny_pipeline(family, root / family))
         return cache[family]
@@ -115,17 +139,19 @@ def _shrink(recipe: Path, tiny: Path, family: str, out: Path) -> list[str]:
          "sample.batch_size=4", "train.micro_batch_size=2", "train.iterations=1", "train.probe=error",
          "train.learning_rate=1e-2", "train.max_grad_norm=1.0", "reward.rewards={mock: 1.0}", "reward.options={}",
          "reward.eval_rewards=null", "reward.pairwise=" + ("mock" if algorithm == "pref_grpo" else "null"),
-         # DDPO's stat tracker needs repeats of a prompt to give non-zero advantages in one iteration
-         "prompts.train=" + ("[a cat]" if ddpo else "[a red circle, a blue square]"), "prompts.eval=null",
+         "prompts.eval=null",
          "advantage.min_count=16", "train.num_minibatches=2" if ddpo else "train.num_minibatches=1",
          f"log.output_dir={out}", "log.progress=false", "log.grid_every=0", "log.eval_every=0"]
-    if family in ("sd3", "flux"):
-        o.append("model.max_sequence_length=8")
+    # DDPO's stat tracker needs repeats of a prompt to give non-zero advantages in one iteration; an image-to-video
+    # recipe keeps its own edit records (each row's source image is the first frame)
+    if family != "wan_i2v":
+        o.append("prompts.train=" + ("[a cat]" if ddpo else "[a red circle, a blue square]"))
+    if family in TINY_MSL:  # the tiny text encoder's length
+        o.append(f"model.max_sequence_length={TINY_MSL[family]}")
     if family in VIDEO:  # short clips on the VAE grid, scored by a video reward
-        o += [f"model.num_frames={9 if family == 'ltx' else 5}", "model.height=32", "model.width=32",
+        frames, size = TINY_VIDEO.get(family, (5, 32))
+        o += [f"model.num_frames={frames}", f"model.height={size}", f"model.width={size}",
               "reward.rewards={motion: 1.0}", "train.best_worst_k=0"]
-    if family == "cogvideox":  # the tiny transformer's fixed text length
-        o.append("model.max_sequence_length=16")
     if "sde_window" in str(raw) or "fast" in recipe.name:
         o += ["sample.sde_window=[0, 2]", "sample.sde_window_size=1"]
     return o
@@ -148,9 +174,13 @@ def test_real_recipe_trains_one_iteration_with_the_tiny_pipeline_of_its_family(r
         for key in keys:
             assert getattr(getattr(cfg, section), key) == getattr(getattr(full, section), key), f"{section}.{key}"
     trainer = Trainer(cfg)
+    from diffusion_rl.adapters.wan22 import Wan22Adapter
     from diffusion_rl.video_adapters import VIDEO_ADAPTERS
 
-    assert type(trainer.adapter) is {**ADAPTERS, **VIDEO_ADAPTERS}[family]
+    # a two-expert WanPipeline is served by Wan22Adapter (WanAdapter hands it over), under the family name "wan"
+    assert type(trainer.adapter) is {**ADAPTERS, **VIDEO_ADAPTERS, "wan22": Wan22Adapter}[family]
+    if family in ("wan22", "wan_i2v"):  # the recipe's expert choice reached the adapter
+        assert trainer.adapter.lora_experts == cfg.model.lora_experts and trainer.adapter.boundary_ratio is not None
     before = [p.detach().clone() for p in trainer.trainable]
     metrics = trainer.train_iteration(0)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
