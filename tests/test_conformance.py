@@ -36,4 +36,18 @@ def _moving_shapes() -> dict:
     return {"media": render_clips(clips), "prompts": prompts}
 
 
-STRUCTURED = {"shapes-video-eval": _moving_shapes}
+def _shapes_captions() -> dict:
+    """Rendered scenes for shapes-vqa (its plain `score` checks each text as a caption); two captions are wrong."""
+    import random
+
+    from mmreward.synthetic.captions import parse_prompt
+    from mmreward.synthetic.scenes import realize, render
+
+    texts = ["a red circle", "two blue squares", "a green triangle above a yellow cross", "a white cross"]
+    scenes = [realize(parse_prompt(t), random.Random(i)) for i, t in enumerate(texts)]
+    prompts = list(texts)
+    prompts[1], prompts[3] = "three blue squares", "a purple cross"
+    return {"media": render(scenes, size=64), "prompts": prompts}
+
+
+STRUCTURED = {"shapes-video-eval": _moving_shapes, "shapes-vqa": _shapes_captions}
