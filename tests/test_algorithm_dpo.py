@@ -144,3 +144,19 @@ def test_interrupted_and_resumed_dpo_run_equals_an_uninterrupted_one(tmp_path, t
         assert torch.equal(a, b)
     assert without_times(resumed.history) == without_times(straight.history)
     assert straight.history[-1]["train/loss"] != pytest.approx(math.log(2.0))  # the second iteration trained a moved LoRA
+
+
+def test_one_dpo_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_dir):
+    """Wan (text-to-video): pairs of clips, one shared (t, eps) per pair; policy == reference at the start."""
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _dpo_config("wan", tmp_path, tiny_pipeline_dir)
+    cfg.model.height = cfg.model.width = 32
+    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    cfg.sample.group_size, cfg.sample.batch_size = 2, 4
+    trainer = Trainer(cfg)
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert metrics["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5) and metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
+    assert trainer.last_images.shape == (4, 9, 3, 32, 32)

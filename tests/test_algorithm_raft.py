@@ -112,3 +112,18 @@ def test_interrupted_and_resumed_raft_run_equals_an_uninterrupted_one(tmp_path, 
     for a, b in zip(straight.trainable, resumed.trainable, strict=True):
         assert torch.equal(a, b)
     assert without_times(resumed.history) == without_times(straight.history)
+
+
+def test_one_raft_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_dir):
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _raft_config("wan", tmp_path, tiny_pipeline_dir, num_inner_epochs=1)
+    cfg.model.height = cfg.model.width = 32
+    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    cfg.sample.group_size, cfg.sample.batch_size = 2, 4
+    trainer = Trainer(cfg)
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert metrics["raft/winners"] == 2.0 and math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
+    assert trainer.last_images.shape == (4, 9, 3, 32, 32)

@@ -21,7 +21,7 @@ Online, as this file does it: every iteration samples `group_size` images per pr
 by the group-normalised advantage, so several rewards combine as in GRPO; a group whose best and worst tie
 is trained at weight 0). The reference is the base model with its LoRA adapters disabled (or the frozen copy of
 `train.kl_reference: copy`). Each pair is trained at one schedule step drawn at random (counter-based),
-with one noise shared by its two images.
+with one noise shared by its two images; `train.micro_batch_size` counts pairs (2 images each per forward).
 
 Simplifications: flow-matching (velocity) models only; the step is drawn from the sampling schedule's
 `sample.num_steps` sigmas (the reference draws t uniformly in [0, 1000)); the training forwards use
