@@ -181,6 +181,10 @@ def test_real_recipe_trains_one_iteration_with_the_tiny_pipeline_of_its_family(r
     assert type(trainer.adapter) is {**ADAPTERS, **VIDEO_ADAPTERS, "wan22": Wan22Adapter}[family]
     if family in ("wan22", "wan_i2v"):  # the recipe's expert choice reached the adapter
         assert trainer.adapter.lora_experts == cfg.model.lora_experts and trainer.adapter.boundary_ratio is not None
+        experts = trainer.adapter.denoiser
+        trained = {name for name in ("high", "low")
+                   if any(q.requires_grad for q in getattr(experts, name).parameters())}
+        assert trained == ({"high", "low"} if cfg.model.lora_experts == "both" else {cfg.model.lora_experts})
     before = [p.detach().clone() for p in trainer.trainable]
     metrics = trainer.train_iteration(0)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
