@@ -1,7 +1,10 @@
 """Image-editing prompts: an instruction plus the source image it applies to.
 
 An *edit record* is a row {"source_image": PATH, "instruction": TEXT, <metadata>} (a JSONL line, or a dict in
-a config's prompt list); PATH is relative to the JSONL file (to the working directory for inline rows).
+a config's prompt list); PATH is relative to the JSONL file (to the working directory for inline rows). A
+multi-image edit (QwenImageEditPlusPipeline) gives {"source_images": [PATH, ...]} instead: its EditPrompt's
+`sources` holds every path in order and `source` the first, which is what the metadata's "source_image" and the
+edit rewards see; the metadata's "source_images" lists them all.
 `mmreward.prompt_sources.load_prompts` turns each record into an `EditPrompt`: a string equal in text to the
 instruction, so rewards and logs see the instruction, that also carries its source image. Two records with
 the same instruction on different sources are different prompts (equality and hashing include the source),
@@ -27,21 +30,28 @@ import torch
 from mmreward.errors import ConfigError, RewardInputError
 
 SOURCE_KEY = "source_image"
+SOURCES_KEY = "source_images"  # a multi-image edit record: a list of paths (the first is the primary source)
 # the registered rewards that score an edit against its source (metadata required); the generic test suites,
 # which score media alone, drive them with the sources bound (tests/test_edit_rewards.py)
 SCORED_WITH_SOURCES = frozenset({"editreward", "editscore", "shapes-edit-eval"})
-EDIT_FAMILIES = frozenset({"flux_kontext", "qwen_image_edit"})  # diffusion_rl's instruction-editing pipelines
+EDIT_FAMILIES = frozenset({"flux_kontext", "qwen_image_edit", "qwen_image_edit_plus"})  # diffusion_rl's instruction-editing pipelines
 INSTRUCTION_KEYS = ("instruction", "prompt")  # the text of an edit record, under one of these names
 
 
 class EditPrompt(str):
-    """An edit instruction (the string's text) bound to its source image (`source`, a path)."""
+    """An edit instruction (the string's text) bound to its source image (`source`, a path); a multi-image edit
+    also carries the others: `sources` is every path in order, `source` the first."""
 
     source: str
+    sources: tuple[str, ...]
 
-    def __new__(cls, instruction: str, source: str | os.PathLike) -> EditPrompt:
+    def __new__(cls, instruction: str, source: str | os.PathLike,
+                sources: Sequence[str | os.PathLike] | None = None) -> EditPrompt:
         obj = super().__new__(cls, instruction)
         obj.source = os.fspath(source)
+        obj.sources = tuple(os.fspath(s) for s in sources) if sources else (obj.source,)
+        if obj.sources[0] != obj.source:
+            raise ValueError(f"EditPrompt: sources[0] must be the source {obj.source!r}, got {obj.sources[0]!r}")
         return obj
 
     @property
@@ -51,24 +61,40 @@ class EditPrompt(str):
     def __eq__(self, other: object) -> bool:
         # an edit prompt is its (instruction, source) pair: equal text on another source is another prompt
         if isinstance(other, EditPrompt):
-            return str.__eq__(self, other) and self.source == other.source
+            return str.__eq__(self, other) and self.sources == other.sources
         return False
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        return hash((str.__str__(self), self.source))
+        # one source hashes as before (caches keyed on single-source prompts are unchanged)
+        return hash((str.__str__(self), self.source) if len(self.sources) == 1 else (str.__str__(self), self.sources))
 
     def __repr__(self) -> str:
+        if len(self.sources) > 1:
+            return f"EditPrompt({str.__repr__(self)}, sources={list(self.sources)!r})"
         return f"EditPrompt({str.__repr__(self)}, source={self.source!r})"
 
-    def __reduce__(self):  # copies keep the source (plain str pickling would drop it)
-        return (EditPrompt, (str.__str__(self), self.source))
+    def __reduce__(self):  # copies keep the sources (plain str pickling would drop them)
+        return (EditPrompt, (str.__str__(self), self.source, self.sources))
 
 
 def is_edit_row(value: Any) -> bool:
-    return isinstance(value, Mapping) and SOURCE_KEY in value
+    return isinstance(value, Mapping) and (SOURCE_KEY in value or SOURCES_KEY in value)
+
+
+def _resolve_source(src: Any, key: str, where: str, base_dir: Path | None) -> Path:
+    if not isinstance(src, str) or not src.strip():
+        raise ConfigError(f"{where}: {key} must be a path string (relative to the JSONL file), got {src!r}")
+    path = Path(src).expanduser()
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"{where}: {key} {src!r} does not exist (looked for {str(path)!r}); paths are "
+                          "relative to the JSONL file that names them")
+    return path
 
 
 def edit_row(value: Mapping[str, Any], where: str, base_dir: Path | None) -> tuple[EditPrompt, dict[str, Any]]:
@@ -83,19 +109,22 @@ def edit_row(value: Mapping[str, Any], where: str, base_dir: Path | None) -> tup
     from mmreward.text_checks import check_text
 
     check_text(value[named[0]], f"{where}: the instruction")  # refused at read, not at the first scoring
-    src = value[SOURCE_KEY]
-    if not isinstance(src, str) or not src.strip():
-        raise ConfigError(f"{where}: source_image must be a path string (relative to the JSONL file), got {src!r}")
-    path = Path(src).expanduser()
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    path = path.resolve()
-    if not path.is_file():
-        raise ConfigError(f"{where}: source_image {src!r} does not exist (looked for {str(path)!r}); paths are "
-                          "relative to the JSONL file that names them")
+    if SOURCES_KEY in value:
+        srcs = value[SOURCES_KEY]
+        if SOURCE_KEY in value:
+            raise ConfigError(f"{where}: give either source_image (one path) or source_images (a list of paths), "
+                              "not both")
+        if not isinstance(srcs, (list, tuple)) or not srcs:
+            raise ConfigError(f"{where}: source_images must be a non-empty list of path strings (relative to the "
+                              f"JSONL file), got {srcs!r}")
+        paths = [_resolve_source(s, f"source_images[{i}]", where, base_dir) for i, s in enumerate(srcs)]
+    else:
+        paths = [_resolve_source(value[SOURCE_KEY], SOURCE_KEY, where, base_dir)]
     meta = {k: v for k, v in value.items() if k not in INSTRUCTION_KEYS}
-    meta[SOURCE_KEY] = str(path)
-    return EditPrompt(value[named[0]], path), meta
+    meta[SOURCE_KEY] = str(paths[0])
+    if SOURCES_KEY in value:
+        meta[SOURCES_KEY] = [str(p) for p in paths]
+    return EditPrompt(value[named[0]], paths[0], paths), meta
 
 
 @lru_cache(maxsize=256)
