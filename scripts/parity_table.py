@@ -24,6 +24,7 @@ NOT_COMPARED = {
     "shapes-eval": "ShapesWorld's exact checker: ours is the original",
     "shapes-video-eval": "ShapesWorld's exact checker: ours is the original",
     "shapes-edit-eval": "ShapesWorld's exact checker: ours is the original",
+    "shapes-vqa": "ShapesWorld's exact answer checker: ours is the original",
     "shapesworld-aesthetic": "ShapesWorld's own model: ours is the original",
     "shapesworld-pref": "ShapesWorld's own model: ours is the original",
     "preference-head": "a head you train with mmreward.train: ours is the original",
