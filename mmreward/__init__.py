@@ -21,7 +21,7 @@ from mmreward.errors import (
 check_installed_versions()  # an older transformers fails here, naming the upgrade, not deep in a model load
 
 from mmreward.registry import RewardSpec, get_spec, list_rewards, load, register_reward  # noqa: E402
-from mmreward.types import PairwiseOutput, Reward, RewardOutput  # noqa: E402
+from mmreward.types import PairwiseOutput, ResponseReward, Reward, RewardOutput  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -32,6 +32,7 @@ __all__ = [
     "MediaError",
     "MissingExtraError",
     "PairwiseOutput",
+    "ResponseReward",
     "Reward",
     "RewardInputError",
     "RewardOutput",
