@@ -253,3 +253,43 @@ def test_easyr1_adapter_reads_question_and_answer_from_ground_truth(tmp_path):
         inputs.append({"response": f"<answer>{_wrong(item)}</answer>", "ground_truth": gt})
     scores = [d["overall"] for d in compute_score(inputs, reward="shapes-vqa")]
     assert scores == [1.0, 0.0] * len(items)
+
+
+def test_response_contract_micro_batches_and_broadcasts():
+    from mmreward.models.shapes_vqa import ShapesVQAReward
+
+    items = [i for i in make_questions(12, seed=7) if i.kind != "which"][:5]
+    images = _first_images(items)
+    questions = [prompt_text(i) for i in items]
+    responses = [i.answer if k % 2 else _wrong(i) for k, i in enumerate(items)]
+    whole = ShapesVQAReward().score_responses(questions, images, responses)
+    split = ShapesVQAReward(micro_batch_size=2).score_responses(questions, images, responses)
+    assert whole.scores.tolist() == split.scores.tolist() == [float(k % 2) for k in range(5)]
+    assert whole.rationales == split.rationales
+    count = next(i for i in items if i.kind == "count")  # one question string for every item
+    one = ShapesVQAReward().score_responses(count.question, item_images(count).expand(3, -1, -1, -1),
+                                            [count.answer, "7", count.answer])
+    assert one.scores.tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(RewardInputError, match="responses"):
+        ShapesVQAReward().score_responses(questions, images, None)
+
+
+def test_verl_async_reward_loop_batches_response_rewards(tmp_path):
+    import asyncio
+
+    from vlm_rm.adapters.verl import compute_score_async
+
+    items = make_questions(6, seed=8, split="heldout")
+    rows = to_verl_rows(items, tmp_path)
+
+    async def run() -> list:
+        calls = []
+        for row, item in zip(rows, items):
+            for answer in (item.answer, _wrong(item)):
+                calls.append(compute_score_async(
+                    data_source=row["data_source"], solution_str=f"<answer>{answer}</answer>",
+                    ground_truth=row["reward_model"]["ground_truth"], extra_info=row["extra_info"],
+                    reward="shapes-vqa"))
+        return await asyncio.gather(*calls)
+
+    assert asyncio.run(run()) == [1.0, 0.0] * len(items)
