@@ -10,9 +10,10 @@ Question kinds (each answer is computed from the scene's ground truth, never fro
             (checked by parsing the response with `captions.parse_prompt` and running the exact checker)
 
 Splits follow ShapesWorld's held-out split (`prompts.HELD_OUT_PAIRS`): held-out questions come from
-held-out scenes; training questions come from training scenes and never name, nor answer with, a
+held-out scenes; training questions come from training scenes and never name, answer with or count a
 held-out colour-shape pair ("What colour is the square?" -> "blue" is held out, as is the caption
-"a blue square").
+"a blue square"), while every held-out question does (`is_held_out_question`). Count and which-image
+question texts can repeat across splits; their images differ.
 
 `normalize_answer(kind, text)` reads the answer out of a free-form response ("There are 3 circles." ->
 "3", "<answer>three</answer>" -> "3", "Crimson." -> "red"); it returns None when the response names no
