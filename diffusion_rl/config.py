@@ -319,7 +319,8 @@ class AdvantageConfig:
 @dataclass
 class TrainConfig:
     algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), "
-                         "dpo (online Diffusion-DPO) or raft (reward-ranked fine-tuning)")
+                         "dpo (online Diffusion-DPO), raft (reward-ranked fine-tuning) or refl (ReFL: reward on a "
+                         "one-step x0 prediction at a random late step)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -357,6 +358,11 @@ class TrainConfig:
                                     "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
     dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
     raft_top_k: int = _f(1, "raft: samples of each group kept (the k highest rewards) and fine-tuned on")
+    refl_step_range: list[float] = _f([0.75, 1.0], "refl: the step with grad is drawn uniformly from the step indices "
+                                      "[floor(lo T), ceil(hi T) - 1] of the T sampling steps (ReFL.py: 30..39 of 40)")
+    refl_loss: str = _f("relu", "refl: phi of the loss lambda phi(margin - reward): 'relu' (ReFL.py) or 'identity'")
+    refl_margin: float = _f(2.0, "refl: the margin of relu(margin - reward) (ReFL.py: 2)")
+    refl_scale: float = _f(1e-3, "refl: lambda, the loss scale (ReFL.py --grad_scale 1e-3)")
     hacking_guard: str = _f("off", "reward-hacking monitor (needs log.gold_rewards): 'warn' logs an alarm when the training "
                             "reward's trend rises while a gold reward's falls; 'stop' also ends training; 'rollback' "
                             "also restores the best-by-gold checkpoint, then stops (diffusion_rl.hacking_guard)")
@@ -371,9 +377,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _validate_types(self, "train")
-        _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft"])
+        _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft",
+                                                    "refl"])
         _positive("train.dpo_beta", self.dpo_beta)
         _positive("train.raft_top_k", self.raft_top_k)
+        _choice("train.refl_loss", self.refl_loss, ["relu", "identity"])
+        _positive("train.refl_scale", self.refl_scale)
+        lo_hi = self.refl_step_range
+        if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1] <= 1:
+            raise ConfigError(f"train.refl_step_range must be [lo, hi] with 0 <= lo < hi <= 1, got {lo_hi}")
         _positive("train.nft_beta", self.nft_beta)
         if len(self.nft_old_decay) != 3 or min(self.nft_old_decay) < 0 or self.nft_old_decay[2] >= 1:
             raise ConfigError(f"train.nft_old_decay must be [flat >= 0, rate >= 0, 0 <= cap < 1], got {self.nft_old_decay}")
@@ -518,7 +530,7 @@ class RunConfig:
         if self.sample.antithetic_noise and algo in _FORWARD_PROCESS:
             raise ConfigError(f"sample.antithetic_noise mirrors the SDE noise of likelihood rollouts (grpo, pref_grpo, "
                               f"ddpo); {algo} samples without it: remove the key")
-        if self.sample.kernel == "ddim" and self.sample.noise_level == 0 and algo != "draft":
+        if self.sample.kernel == "ddim" and self.sample.noise_level == 0 and algo not in ("draft", "refl"):
             raise ConfigError("sample.noise_level (eta) must be > 0 for DDIM rollouts, e.g. 1.0 as in DDPO")
         if self.train.num_minibatches > self.sample.prompts_per_iteration:
             raise ConfigError(
@@ -561,7 +573,7 @@ class RunConfig:
 
 
 # methods that sample without SDE likelihoods (any ODE solver) and bring their own iteration
-_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft")
+_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl")
 
 _SECTION_CLASSES = {
     "model": ModelConfig, "sample": SampleConfig, "reward": RewardConfig, "advantage": AdvantageConfig,
