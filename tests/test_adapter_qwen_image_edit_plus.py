@@ -135,9 +135,10 @@ def test_ode_rollout_equals_the_edit_plus_pipeline(plus, records, row, cfg):
     torch.testing.assert_close(t["prompt_embeds"][0, :n], seen["pe"][0], rtol=0, atol=0)
     assert not t["prompt_embeds"][0, n:].any()
     # 3. end to end with the pipeline's own encoding: the masked padding only changes attention rounding
+    # (measured 3e-7 to 4.2e-7 on the [0, 1] image scale; the bound leaves room for other CPUs' kernels)
     record_parity("qwen_image_edit_plus", original=ORIGINAL, how="package", actual=traj.images, expected=ref_own,
                   cases=[f"images, pipeline's own prompt encoding, {case}"])
-    torch.testing.assert_close(traj.images, ref_own, atol=1e-3, rtol=0)
+    torch.testing.assert_close(traj.images, ref_own, atol=1e-4, rtol=0)
     if len(p.sources) == 2 and cfg > 1:
         # each image's vision tokens are in the condition: one image fewer, a shorter prompt
         assert int(adapter.encode([EditPrompt(str(p), p.source)]).tensors["prompt_embeds_mask"].sum()) < n
