@@ -68,12 +68,15 @@ def _pil_weights(in_size: int, out_size: int) -> torch.Tensor:
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
     support = 2.0 * filterscale
+    inv_filterscale = 1.0 / filterscale
     out = torch.zeros(out_size, in_size, dtype=torch.float64)
     for xx in range(out_size):
         center = (xx + 0.5) * scale
         xmin = max(int(center - support + 0.5), 0)  # int() truncates toward zero, as C's cast does
         xmax = min(int(center + support + 0.5), in_size)
-        taps = [_pil_bicubic((x + xmin - center + 0.5) / filterscale) for x in range(xmax - xmin)]
+        # Pillow multiplies by the reciprocal (not divides): the taps can differ in the last bit, which moves a
+        # 22-bit coefficient by one now and then
+        taps = [_pil_bicubic((x + xmin - center + 0.5) * inv_filterscale) for x in range(xmax - xmin)]
         total = sum(taps)
         for i, tap in enumerate(taps):
             k = tap / total if total != 0.0 else tap
@@ -81,19 +84,42 @@ def _pil_weights(in_size: int, out_size: int) -> torch.Tensor:
     return out
 
 
-def pillow_bicubic(x255: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Pillow's `Image.resize((width, height), BICUBIC)` on 8-bit values, batched: (..., H, W) floats holding
-    integers 0..255 -> the same integers Pillow returns.
+def pillow_vertical_first(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> bool:
+    """Whether Pillow 13 resamples the vertical axis first (libImaging/Resample.c `ImagingResampleInner`): when the
+    height shrinks, by more than twice as many rows as the width loses columns. Pillow < 13 always goes horizontal
+    first (python-pillow/Pillow@3cab8da1f3d546bd874b756589686c1cd66f0fe5 introduced the rule)."""
+    dh, dw = in_hw[0] - out_hw[0], in_hw[1] - out_hw[1]
+    return dh > 0 and dh > 2 * dw
 
-    Pillow resamples horizontally, rounds and clips to 8 bits, then vertically. The sums are integers below
-    2**53, so float64 matrix products are exact (on any device), and the result equals Pillow's bit for bit."""
+
+def pillow_bicubic(x255: torch.Tensor, height: int, width: int, *, legacy_order: bool = False) -> torch.Tensor:
+    """Pillow's `Image.resize((width, height), BICUBIC)` on 8-bit values, batched: (..., H, W) floats holding
+    integers 0..255 -> the same integers Pillow returns (per channel, so RGB and grayscale "L" alike; Pillow
+    premultiplies the alpha of RGBA images, which this does not).
+
+    Pillow resamples one axis, rounds and clips to 8 bits, then the other. Which axis goes first matters for the
+    result (by up to ~15 levels): Pillow 13 takes the vertical pass first when the height shrinks much more than
+    the width (`pillow_vertical_first`); `legacy_order=True` keeps Pillow < 13's horizontal-first order. The sums
+    are integers below 2**53, so float64 matrix products are exact (on any device), and the result equals
+    Pillow's bit for bit."""
     h, w = x255.shape[-2:]
     y = x255.to(torch.float64)
     half, one = float(1 << (_PIL_PRECISION_BITS - 1)), float(1 << _PIL_PRECISION_BITS)
-    if width != w:
-        y = torch.floor((y @ _pil_weights(w, width).T.to(y.device) + half) / one).clamp(0, 255)
-    if height != h:
-        y = torch.floor((_pil_weights(h, height).to(y.device) @ y + half) / one).clamp(0, 255)
+
+    def horizontal(y: torch.Tensor) -> torch.Tensor:
+        if width == w:
+            return y
+        return torch.floor((y @ _pil_weights(w, width).T.to(y.device) + half) / one).clamp(0, 255)
+
+    def vertical(y: torch.Tensor) -> torch.Tensor:
+        if height == h:
+            return y
+        return torch.floor((_pil_weights(h, height).to(y.device) @ y + half) / one).clamp(0, 255)
+
+    if not legacy_order and pillow_vertical_first((h, w), (height, width)):
+        y = horizontal(vertical(y))
+    else:
+        y = vertical(horizontal(y))
     return y.to(torch.float32)
 
 
