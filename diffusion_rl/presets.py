@@ -141,6 +141,17 @@ DRAFT_PRESETS: dict[str, dict[str, Any]] = {
                    "prompts_per_iteration": 8},
         "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4, "gradient_checkpointing": True},
     },
+    # ReFL (THUDM/ImageReward@1beb4e4 ImageReward/ReFL.py): 40 DDPM steps (here DDIM eta 1), the grad step drawn
+    # from 30..39, no CFG, loss relu(2 - r) * 1e-3, lr 1e-5, AdamW weight decay 1e-2, grad norm 1, full UNet
+    # fine-tuning, 2 prompts per device x 4 accumulation steps
+    "refl": {
+        "train": {"algorithm": "refl", "refl_step_range": [0.75, 1.0], "refl_loss": "relu", "refl_margin": 2.0,
+                  "refl_scale": 1e-3, "learning_rate": 1e-5, "weight_decay": 1e-2, "max_grad_norm": 1.0,
+                  "micro_batch_size": 2},
+        "sample": {"num_steps": 40, "guidance_scale": 1.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 1,
+                   "prompts_per_iteration": 8},
+        "model": {"lora": False},
+    },
 }
 
 NFT_PRESETS: dict[str, dict[str, Any]] = {

@@ -1,7 +1,7 @@
 """One readable file per method. A policy-gradient method (GRPO, Pref-GRPO, DDPO) is the advantage
 computation that distinguishes it: `advantages(batch, order) -> (this process's advantages, metrics)`, where
 `order` gathers rewards from every process in canonical order; the PPO update is shared in
-`diffusion_rl.trainer`. DRaFT/AlignProp backpropagate the reward instead; DiffusionNFT, Diffusion-DPO and RAFT train on the
+`diffusion_rl.trainer`. DRaFT/AlignProp and ReFL backpropagate the reward instead; DiffusionNFT, Diffusion-DPO and RAFT train on the
 forward process; they bring their own `iteration`.
 None of them sees the trainer. The papers' presets are in `diffusion_rl.presets`."""
 
@@ -18,6 +18,7 @@ from diffusion_rl.algorithms.grpo import GRPO
 from diffusion_rl.algorithms.nft import DiffusionNFT
 from diffusion_rl.algorithms.pref_grpo import PrefGRPO
 from diffusion_rl.algorithms.raft import RAFT
+from diffusion_rl.algorithms.refl import ReFL
 from diffusion_rl.config import RunConfig
 from diffusion_rl.rollout import RolloutBatch
 from diffusion_rl.sharding import CanonicalOrder
@@ -45,8 +46,10 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
         return DiffusionDPO(cfg, rewards)
     if name == "raft":
         return RAFT(cfg, rewards)
+    if name == "refl":
+        return ReFL(cfg, rewards)  # a DRaFT subclass: the trainer runs its own iteration
     return DRaFT(cfg, rewards)
 
 
 __all__ = ["DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
-           "make_algorithm"]
+           "ReFL", "make_algorithm"]

@@ -1,0 +1,196 @@
+"""ReFL (Xu et al., 2023, "ImageReward: Learning and Evaluating Human Preferences for Text-to-Image
+Generation", Algorithm 1): reward feedback on a one-step prediction of the clean image at a random late step.
+
+DRaFT backpropagates through the sampler's last K steps; ReFL observes that by a late step the model's own
+clean estimate already shows what the final image will be, so it takes gradient through a single denoiser call:
+
+    j ~ U{j_lo, ..., j_hi}                               (ReFL.py: randint(30, 39) of 40 DDPM steps)
+    x_T ~ N(0, I);  x_{t-1} = step(x_t, eps_theta(x_t, t))  for the steps before j, without grad
+    x0_hat = x0(x_j, f_theta(x_j, t_j))                  one call with grad (closed forms in `predict_x0`)
+    loss = lambda * phi(margin - r(decode(x0_hat)))      phi = ReLU, margin 2, lambda 1e-3 (ReFL.py)
+
+Reference read: THUDM/ImageReward@1beb4e4de0932acbe7fc090c51208048b6269b58 ImageReward/ReFL.py (`Trainer.train`:
+no-grad loop over `timesteps[:mid_timestep]`, one UNet call with grad, `pred_original_sample` decoded by the VAE,
+`loss = F.relu(-rewards + 2).mean() * args.grad_scale`; lr 1e-5, weight decay 1e-2, grad-norm 1).
+
+What we simplify or change: the sampler is the run's kernel (ODE / DDIM, as DRaFT; ReFL.py steps a DDPM scheduler);
+the grad step's denoiser sees the timestep t_j of its state (ReFL.py passes the integer index `mid_timestep` as the
+UNet timestep and reads `pred_original_sample` with the previous loop's `t`, which we take for an oversight);
+several rewards are combined as a weighted, signed sum before phi, as in DRaFT; the step j is drawn per iteration
+from a counter-based generator (the same j on every process, and on resume) instead of Python's `random`, and the
+range is given as fractions of the schedule so that it carries over to other step counts. Direct-Align (SRPO) is
+not implemented here. The rewards logged are those of the one-step predictions, not of fully sampled images.
+
+`ReFL` subclasses `DRaFT` for its reward checks and its place in the trainer (a method with its own iteration).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from diffusion_rl.algorithms.draft import DRaFT
+from diffusion_rl.kernels import Kernel, PredictionType
+from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds, decode_chunked
+from diffusion_rl.policy import Policy
+from diffusion_rl.rollout import kernel_for
+from diffusion_rl.seeding import counter_noise, noise_key
+from mmreward.errors import ConfigError
+
+REFL_STEP_DRAW = -8  # the last counter of the seed of ReFL's grad step
+
+
+def grad_step_range(step_range: Sequence[float], num_steps: int) -> tuple[int, int]:
+    """The inclusive step indices [floor(lo T), ceil(hi T) - 1] the grad step is drawn from (at least one)."""
+    lo, hi = float(step_range[0]), float(step_range[1])
+    if not 0 <= lo < hi <= 1:
+        raise ConfigError(f"refl_step_range must be [lo, hi] with 0 <= lo < hi <= 1, got {list(step_range)}")
+    first = min(math.floor(lo * num_steps), num_steps - 1)
+    last = max(first, math.ceil(hi * num_steps) - 1)
+    return first, min(last, num_steps - 1)
+
+
+def draw_grad_step(step_range: Sequence[float], num_steps: int, seed: int, iteration: int) -> int:
+    """The step index j of this iteration, uniform over `grad_step_range`, counter-based (every process draws the
+    same j, and a resumed run the same as an uninterrupted one)."""
+    first, last = grad_step_range(step_range, num_steps)
+    gen = torch.Generator().manual_seed(noise_key(seed, iteration, REFL_STEP_DRAW))
+    return int(torch.randint(first, last + 1, (1,), generator=gen))
+
+
+def _per_item(v: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """A scalar or (B,) schedule value broadcastable against `ref` (B, ...)."""
+    v = torch.as_tensor(v, dtype=ref.dtype, device=ref.device)
+    return v.view(-1, *([1] * (ref.ndim - 1))) if v.ndim == 1 else v
+
+
+def predict_x0(x: torch.Tensor, model_output: torch.Tensor, a_t: torch.Tensor | float, *, is_flow: bool,
+               prediction_type: PredictionType = "epsilon", clip_sample_range: float | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The model's clean estimate at state x, in fp32: `a_t` is sigma_t for flows (x_t = (1 - sigma) x0 + sigma
+    x1, v = x1 - x0, so x0 = x_t - sigma_t v) and alpha_prod_t for DDIM-style models (x_t = sqrt(a) x0 +
+    sqrt(1 - a) eps: x0 = (x_t - sqrt(1 - a_t) eps) / sqrt(a_t), or sqrt(a_t) x_t - sqrt(1 - a_t) v for
+    v-prediction), clipped as the scheduler clips `pred_original_sample`."""
+    x, out = x.to(dtype), model_output.to(dtype)
+    a = _per_item(a_t, x)
+    if is_flow:
+        return x - a * out
+    if prediction_type == "epsilon":
+        x0 = (x - (1 - a).sqrt() * out) / a.sqrt()
+    elif prediction_type == "v_prediction":
+        x0 = a.sqrt() * x - (1 - a).sqrt() * out
+    elif prediction_type == "sample":
+        x0 = out
+    else:
+        raise ConfigError(f"prediction_type must be 'epsilon', 'v_prediction' or 'sample', got {prediction_type!r}")
+    return x0.clamp(-clip_sample_range, clip_sample_range) if clip_sample_range is not None else x0
+
+
+def refl_loss(reward: torch.Tensor, *, margin: float, scale: float, phi: str = "relu") -> torch.Tensor:
+    """Per-sample lambda * phi(margin - r): ReFL.py's `F.relu(-rewards + 2) * grad_scale` for phi='relu'."""
+    if phi == "relu":
+        return scale * torch.relu(margin - reward)
+    if phi == "identity":
+        return scale * (margin - reward)
+    raise ConfigError(f"refl_loss must be 'relu' or 'identity', got {phi!r}")
+
+
+def sample_one_step_x0(
+    adapter: PipelineAdapter,
+    model: torch.nn.Module,
+    embeds: PromptEmbeds,
+    prompt_ids: Sequence[int],
+    sample_ids: Sequence[int],
+    *,
+    num_steps: int,
+    guidance_scale: float,
+    kernel: Kernel,
+    grad_step: int,
+    seed: int,
+    epoch: int,
+    decode_chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Decoded one-step predictions x0_hat(x_j) whose graph reaches `model` only through the call at step j.
+
+    Steps 0..j-1 run without grad on the rollout's counter-based noise (the same x_j `rollout` would reach)."""
+    if not 0 <= grad_step < num_steps:
+        raise ConfigError(f"grad_step must be in [0, num_steps={num_steps}), got {grad_step}")
+    kernel = kernel_for(adapter, kernel)
+    stochastic = kernel.noise_level > 0
+    pids, sids = list(prompt_ids), list(sample_ids)
+    device, n = adapter.device, len(pids)
+    schedule = adapter.schedule(num_steps)
+    shape = adapter.latent_shape()
+    x = counter_noise(shape, seed, epoch, pids, sids, -1, device).to(kernel.dtype) * adapter.initial_noise_scale()
+    with torch.no_grad():  # the prefix: x_j carries no graph, so no gradient reaches earlier steps
+        for j in range(grad_step):
+            t = schedule.timesteps[j].to(device).expand(n)
+            noise = counter_noise(shape, seed, epoch, pids, sids, j, device) if stochastic else None
+            out = adapter.predict(model, x, t, embeds, guidance_scale)
+            x = kernel.step(x, out, schedule.a[j].expand(n).to(device), schedule.b[j].expand(n).to(device),
+                            noise=noise).prev_sample
+    x = x.detach()
+    t = schedule.timesteps[grad_step].to(device).expand(n)
+    out = adapter.predict(model, x, t, embeds, guidance_scale)
+    x0_hat = predict_x0(x, out, schedule.a[grad_step].expand(n).to(device), is_flow=adapter.is_flow,
+                        prediction_type=kernel.prediction_type, clip_sample_range=kernel.clip_sample_range,
+                        dtype=kernel.dtype)
+    return decode_chunked(adapter, x0_hat, decode_chunk_size, keep_graph=True)
+
+
+class ReFL(DRaFT):
+    """Reward feedback learning (see the module docstring): `iteration` runs one whole iteration."""
+
+    name = "refl"
+
+    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
+                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
+                  ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step on this process's samples; returns the metrics and the (detached) x0_hat images."""
+        self._check_rewards()
+        cfg, acc, model = self.cfg, policy.accelerator, policy.model
+        tc = cfg.train
+        t0 = time.perf_counter()
+        j = draw_grad_step(tc.refl_step_range, cfg.sample.num_steps, tc.seed, it)
+        weights = cfg.reward.rewards
+        model.train()
+        n = len(prompts)
+        chunks = list(torch.split(torch.arange(n), tc.micro_batch_size))
+        rewards: dict[str, list[torch.Tensor]] = {name: [] for name in self.rewards}
+        losses, images_all = [], []
+        for c, idx in enumerate(chunks):
+            # gradients are averaged over processes once, on the last micro-batch
+            with contextlib.nullcontext() if c == len(chunks) - 1 else acc.no_sync(model):
+                with acc.autocast():
+                    images = sample_one_step_x0(
+                        adapter, model, embeds.index(idx), slots[idx].tolist(), sample_ids[idx].tolist(),
+                        num_steps=cfg.sample.num_steps, guidance_scale=cfg.sample.guidance_scale, kernel=kernel,
+                        grad_step=j, seed=tc.seed, epoch=it, decode_chunk_size=cfg.sample.decode_chunk_size)
+                chunk_prompts = [prompts[i] for i in idx.tolist()]
+                total = torch.zeros(len(idx), device=acc.device)
+                for name, reward in self.rewards.items():
+                    r = reward.score(chunk_prompts, images).scores.to(acc.device)
+                    rewards[name].append(r.detach())
+                    total = total + weights[name] * (1.0 if reward.higher_is_better else -1.0) * r
+                # mean over the local batch (ReFL.py: loss.mean()); DDP averages over processes
+                loss = refl_loss(total, margin=tc.refl_margin, scale=tc.refl_scale, phi=tc.refl_loss).sum() / n
+                acc.backward(loss)
+            losses.append(float(loss.detach()))
+            images_all.append(images.detach().cpu())
+        grad_norm = policy.step()
+        metrics: dict[str, float] = {"train/loss": sum(losses), "train/grad_step": float(j)}
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = grad_norm
+        combined = 0.0
+        for name, parts in rewards.items():
+            allr = acc.gather(torch.cat(parts))
+            metrics[f"reward/{name}"] = float(allr.mean())
+            metrics[f"reward/{name}_std"] = float(allr.std()) if len(allr) > 1 else 0.0
+            combined += weights[name] * (1.0 if self.rewards[name].higher_is_better else -1.0) * float(allr.mean())
+        metrics["reward/combined"] = combined
+        metrics["time/iteration_s"] = time.perf_counter() - t0
+        return metrics, torch.cat(images_all)
