@@ -5,9 +5,14 @@ table, one iteration on tiny SD3 and FLUX pipelines changes the LoRA, and a resu
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tolerances import assert_close_scaled
 
@@ -78,8 +83,8 @@ def test_best_worst_pairs_on_a_hand_built_reward_table():
     assert (win.tolist(), lose.tolist(), valid.tolist()) == ([0], [2], [1.0])
 
 
-def _dpo_config(kind, tmp_path, tiny_pipeline_dir, **train):
-    return from_dict({
+def _dpo_dict(kind, tmp_path, tiny_pipeline_dir, **train):
+    return {
         "preset": "diffusion_dpo",
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 3, "group_size": 3, "prompts_per_iteration": 2, "batch_size": 6},
@@ -87,7 +92,11 @@ def _dpo_config(kind, tmp_path, tiny_pipeline_dir, **train):
         "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "dpo_beta": 50.0, **train},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
-    })
+    }
+
+
+def _dpo_config(kind, tmp_path, tiny_pipeline_dir, **train):
+    return from_dict(_dpo_dict(kind, tmp_path, tiny_pipeline_dir, **train))
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
@@ -160,3 +169,34 @@ def test_one_dpo_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_
     assert metrics["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5) and metrics["train/grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
     assert trainer.last_images.shape == (4, 9, 3, 32, 32)
+
+
+def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
+    """accelerate on CPU with 2 gloo processes (each holding whole groups, so its own pairs) and the same global
+    batch: the same rewards, gradient norm and weights as one process."""
+    from diffusion_rl.checkpointing import read_checkpoint
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _dpo_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir)
+    cfg["sample"]["prompts_per_iteration"] = 4
+    cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launcher = Path(sys.executable).parent / "accelerate"
+    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
+                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg["log"]["output_dir"] = str(tmp_path / "dp1")
+    one = Trainer(from_dict(cfg))
+    one.fit()
+    two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
+    h1, h2 = one.history[0], two["history"][0]
+    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
+    assert h2["dpo/pairs"] == h1["dpo/pairs"] == 4.0
+    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
+    lr = cfg["train"]["learning_rate"]
+    for p in one.trainable:
+        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)

@@ -177,7 +177,8 @@ class DiffusionDPO:
         win, lose, valid = best_worst_pairs(adv, slots.cpu())
         t1 = time.perf_counter()
         metrics.update(self._train(it, policy, adapter, embeds, slots, x0_all, win, lose, valid))
-        metrics["dpo/pairs"] = float(valid.sum())
+        acc = policy.accelerator  # pairs with a preference, over all processes
+        metrics["dpo/pairs"] = float(acc.gather(valid.sum().view(1).to(acc.device)).sum())
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         return metrics, images.detach().cpu()
 

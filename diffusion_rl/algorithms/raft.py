@@ -74,7 +74,8 @@ class RAFT:
         winners = top_k_per_group(adv, slots.cpu(), self.cfg.train.raft_top_k)
         t1 = time.perf_counter()
         metrics.update(self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, winners))
-        metrics["raft/winners"] = float(len(winners))
+        acc = policy.accelerator  # over all processes
+        metrics["raft/winners"] = float(acc.gather(torch.tensor([len(winners)], device=acc.device)).sum())
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         return metrics, images.detach().cpu()
 
