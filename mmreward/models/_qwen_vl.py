@@ -124,12 +124,73 @@ def pillow_bicubic(x255: torch.Tensor, height: int, width: int, *, legacy_order:
 
 
 def torchvision_bicubic_uint8(x255: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """torchvision's `transforms.functional.resize(uint8 tensor, BICUBIC, antialias=True)`: a float32 antialiased
-    bicubic on the 0..255 values, clamped, rounded back to integers (qwen_vl_utils' video path)."""
+    """torchvision's v1 `transforms.functional.resize(uint8 tensor, BICUBIC, antialias=True)`: a float32
+    antialiased bicubic on the 0..255 values, clamped, rounded back to integers (qwen_vl_utils' and VideoAlign's
+    video path; also v2 on GPU tensors). v2 on CPU uint8 tensors runs torch's native uint8 kernel instead, up to
+    ~25 levels away on noise: that is `torch_native_bicubic_uint8`."""
     flat = x255.reshape(-1, *x255.shape[-3:]).float()
     out = torch.nn.functional.interpolate(flat, size=(height, width), mode="bicubic", antialias=True,
                                           align_corners=False)
     return out.clamp(0, 255).round().reshape(*x255.shape[:-2], height, width)
+
+
+def _torch_aa_bicubic(x: float) -> float:
+    """ATen's antialiased bicubic filter (a = -0.5; UpSample.h cubic_convolution1/2, whose second branch is
+    evaluated in another order than Pillow's, so the last bit can differ)."""
+    a = -0.5
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2.0:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
+
+
+@lru_cache(maxsize=64)
+def _torch_uint8_weights(in_size: int, out_size: int) -> tuple[torch.Tensor, int]:
+    """(out, in) int16 weights and their precision for ATen's uint8 antialiased bicubic along one axis
+    (UpSampleKernel.cpp `_compute_indices_min_size_weights_aa` + `_compute_index_ranges_int16_weights`): rows
+    normalised in double, then scaled by the largest power of two that keeps the largest weight within int16."""
+    scale = in_size / out_size
+    support = 2.0 * scale if scale >= 1.0 else 2.0
+    max_taps = math.ceil(support) * 2 + 1
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    rows, wt_max = [], 0.0
+    for i in range(out_size):
+        center = scale * (i + 0.5)
+        xmin = max(int(center - support + 0.5), 0)
+        xsize = min(max(min(int(center + support + 0.5), in_size) - xmin, 0), max_taps)
+        taps = [_torch_aa_bicubic((j + xmin - center + 0.5) * invscale) for j in range(xsize)]
+        total = sum(taps)
+        if total != 0.0:
+            taps = [t / total for t in taps]
+            wt_max = max([wt_max, *taps])
+        rows.append((xmin, taps))
+    precision = 0
+    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    out = torch.zeros(out_size, in_size, dtype=torch.float64)
+    for i, (xmin, taps) in enumerate(rows):
+        for j, t in enumerate(taps):
+            v = t * (1 << precision)
+            out[i, xmin + j] = int(v - 0.5) if v < 0 else int(v + 0.5)
+    return out, precision
+
+
+def torch_native_bicubic_uint8(x255: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """torch's native uint8 antialiased bicubic, which `torchvision.transforms.v2.functional.resize` runs on CPU
+    uint8 tensors (and so transformers' torchvision-backed fast processors), batched: (..., H, W) floats holding
+    0..255 -> the same integers. Unlike `torchvision_bicubic_uint8` (v1's float path), it works in int16 fixed
+    point: horizontal pass, then vertical, each rounded and clipped to 8 bits. Exact in float64 on any device."""
+    h, w = x255.shape[-2:]
+    y = x255.to(torch.float64)
+    if width != w:
+        m, p = _torch_uint8_weights(w, width)
+        y = torch.floor((y @ m.T.to(y.device) + float(1 << (p - 1))) / float(1 << p)).clamp(0, 255)
+    if height != h:
+        m, p = _torch_uint8_weights(h, height)
+        y = torch.floor((m.to(y.device) @ y + float(1 << (p - 1))) / float(1 << p)).clamp(0, 255)
+    return y.to(torch.float32)
 
 
 def to_uint8_values(x: torch.Tensor) -> torch.Tensor:
