@@ -363,6 +363,9 @@ class TrainConfig:
     refl_loss: str = _f("relu", "refl: phi of the loss lambda phi(margin - reward): 'relu' (ReFL.py) or 'identity'")
     refl_margin: float = _f(2.0, "refl: the margin of relu(margin - reward) (ReFL.py: 2)")
     refl_scale: float = _f(1e-3, "refl: lambda, the loss scale (ReFL.py --grad_scale 1e-3)")
+    refl_mode: str = _f("refl", "refl: 'refl' (x0 from the sampler's state at the drawn step) or 'direct_align' (SRPO: "
+                        "re-noise the sampled image with its own initial noise to that step, one step with grad, "
+                        "recover x0 analytically; flow models only)")
     hacking_guard: str = _f("off", "reward-hacking monitor (needs log.gold_rewards): 'warn' logs an alarm when the training "
                             "reward's trend rises while a gold reward's falls; 'stop' also ends training; 'rollback' "
                             "also restores the best-by-gold checkpoint, then stops (diffusion_rl.hacking_guard)")
@@ -382,6 +385,7 @@ class TrainConfig:
         _positive("train.dpo_beta", self.dpo_beta)
         _positive("train.raft_top_k", self.raft_top_k)
         _choice("train.refl_loss", self.refl_loss, ["relu", "identity"])
+        _choice("train.refl_mode", self.refl_mode, ["refl", "direct_align"])
         _positive("train.refl_scale", self.refl_scale)
         lo_hi = self.refl_step_range
         if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1] <= 1:
