@@ -21,7 +21,8 @@ from tests.parity_record import record_parity
 
 # shapes the horizontal-first order got wrong (up to 15-16 levels), one-axis-up/other-down, equal axes
 FIXED = [(62, 58, 56, 56), (100, 80, 56, 84), (58, 62, 56, 56), (333, 517, 224, 336), (40, 300, 120, 28),
-         (300, 40, 28, 120), (64, 64, 64, 32), (64, 64, 32, 64), (9, 600, 600, 9)]
+         (300, 40, 28, 120), (64, 64, 64, 32), (64, 64, 32, 64), (9, 600, 600, 9), (600, 600, 8, 8), (8, 8, 600, 600),
+         (1, 600, 7, 3), (1000, 17, 3, 17), (2, 3, 3, 2)]
 
 
 def _grid(n: int = 60, seed: int = 34) -> list[tuple[int, int, int, int]]:
