@@ -334,6 +334,20 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         card_options=_values(),
     ),
     RewardSpec(
+        name="skywork-vl-reward",
+        loader="mmreward.models.skywork_vl_reward:load_skywork_vl_reward",
+        description="Skywork-VL-Reward-7B: Qwen2.5-VL-7B with TRL's value head; scores an MLLM's response to a "
+        "question about an image (a response reward)",
+        default_checkpoint="Skywork/Skywork-VL-Reward-7B",
+        requires=("transformers",),
+        score_range="unbounded value at the last token; about 20-25 for a good answer (higher is better)",
+        preprocess="qwen_vl_utils fetch_image: Qwen smart_resize to 4..16384 visual tokens with Pillow's 8-bit bicubic; "
+        "[user: image + question, assistant: response] by the chat template without a generation prompt; "
+        "Qwen2.5-VL forward with M-RoPE positions; value head on the last token",
+        tiny_options={"tiny": True},
+        card_options=_values("min_pixels", "max_pixels"),
+    ),
+    RewardSpec(
         name="shapes-video-eval",
         loader="mmreward.models.shapes_video_eval:load_shapes_video_eval",
         description="Moving-shapes clips' exact checker: shape, colour per frame, count, motion direction and speed",

@@ -55,6 +55,7 @@ FAMILIES: dict[str, tuple[float, str]] = {
     # random model then spreads 0.14 over the batch and bf16 rounding measures 0.10 of that spread
     "hpsv3": (0.12, "bf16 Qwen2-VL with sequential positions, fp32 reward head"),
     "realism-classifier": (0.02, "bf16 ViT classifier, fp32 softmax/sigmoid of its logits"),
+    "skywork-vl-reward": (0.06, "bf16 Qwen2.5-VL, fp32 value head on the last token (measured 0.042)"),
     "unifiedreward": (0.05, "bf16 Qwen2-VL, fp32 log-softmax over the score tokens"),
     "unifiedreward-think": (0.02, "bf16 Qwen2-VL, fp32 log-softmax over the score tokens"),
     "vqascore": (0.07, "bf16 Qwen2-VL, fp32 log-softmax over the yes token"),

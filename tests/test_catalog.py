@@ -23,7 +23,7 @@ BUILTIN_NAMES = [
     "imagereward", "jpeg-compressibility", "jpeg-incompressibility", "mock", "motion", "nudenet", "ocr", "open-nsfw",
     "paco-reward", "pickscore", "preference-head", "realgen-detectors", "realism-classifier", "shapes-edit-eval", "shapes-eval",
     "shapes-video-eval", "shapes-vqa",
-    "shapesworld-aesthetic", "shapesworld-pref", "temporal-consistency", "unifiedreward", "unifiedreward-think",
+    "shapesworld-aesthetic", "shapesworld-pref", "skywork-vl-reward", "temporal-consistency", "unifiedreward", "unifiedreward-think",
     "univfd", "video-frames", "videoalign", "videoscore2", "vqascore",
 ]
 HEAVY = ("transformers", "open_clip", "diffusers", "onnxruntime", "torchvision")
