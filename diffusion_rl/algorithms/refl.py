@@ -18,8 +18,21 @@ the grad step's denoiser sees the timestep t_j of its state (ReFL.py passes the 
 UNet timestep and reads `pred_original_sample` with the previous loop's `t`, which we take for an oversight);
 several rewards are combined as a weighted, signed sum before phi, as in DRaFT; the step j is drawn per iteration
 from a counter-based generator (the same j on every process, and on resume) instead of Python's `random`, and the
-range is given as fractions of the schedule so that it carries over to other step counts. Direct-Align (SRPO) is
-not implemented here. The rewards logged are those of the one-step predictions, not of fully sampled images.
+range is given as fractions of the schedule so that it carries over to other step counts. The rewards logged are
+those of the one-step predictions, not of fully sampled images.
+
+`refl_mode: direct_align` is Direct-Align (Shen et al., 2025, "Directly Aligning the Full Diffusion Trajectory with
+Fine-Grained Human Preference", SRPO), flow models only. The image is first sampled in full without grad from x_T,
+then re-noised with that same x_T to the drawn step's sigma and recovered with the noise known:
+
+    x_s = sigma x_T + (1 - sigma) x0;  x_next = x_s + (sigma_next - sigma) v_theta(x_s);
+    x0_hat = (x_next - sigma_next x_T) / (1 - sigma_next)          (`direct_align_x0`)
+
+Reference read: Tencent-Hunyuan/SRPO@69e8e817c3afd8e849827a97b8b7e612c3f60726 fastvideo/SRPO_Qwen.py (`SRPO_train`,
+"Direct-Align step 1-3", the online branch where the injected noise is the sampling's initial latent). Not done:
+its offline branch (re-noising dataset images), the semantic-relative-preference reward with control words (any
+differentiable reward of the run is used), the reward discount by a time-shifted linspace, the k-step gap between
+the noised and the base sigma (one schedule step here) and its norm-rescaled CFG.
 
 `ReFL` subclasses `DRaFT` for its reward checks and its place in the trainer (a method with its own iteration).
 """
@@ -35,7 +48,7 @@ import torch
 
 from diffusion_rl.algorithms.draft import DRaFT
 from diffusion_rl.kernels import Kernel, PredictionType
-from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds, decode_chunked
+from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds, Schedule, decode_chunked
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import kernel_for
 from diffusion_rl.seeding import counter_noise, noise_key
@@ -99,6 +112,34 @@ def refl_loss(reward: torch.Tensor, *, margin: float, scale: float, phi: str = "
     raise ConfigError(f"refl_loss must be 'relu' or 'identity', got {phi!r}")
 
 
+def direct_align_x0(x_noisy: torch.Tensor, v: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor | float,
+                    sigma_next: torch.Tensor | float) -> torch.Tensor:
+    """SRPO's Direct-Align recovery from x_noisy = sigma noise + (1 - sigma) x0 with the noise known: one Euler step
+    x_next = x_noisy + (sigma_next - sigma) v, then x0_hat = (x_next - sigma_next noise) / (1 - sigma_next)
+    (Tencent-Hunyuan/SRPO SRPO_Qwen.py, "Direct-Align step 2/3"). A perfect v = noise - x0 gives x0 exactly."""
+    x_noisy, v, noise = x_noisy.float(), v.float(), noise.float()
+    s, s_next = _per_item(sigma, x_noisy), _per_item(sigma_next, x_noisy)
+    if bool((s_next >= 1).any()):
+        raise ConfigError("direct_align: the step's next sigma must be below 1 to recover x0 (pick a later step)")
+    x_next = x_noisy + (s_next - s) * v
+    return (x_next - s_next * noise) / (1 - s_next)
+
+
+def _sample_without_grad(adapter: PipelineAdapter, model: torch.nn.Module, x: torch.Tensor, embeds: PromptEmbeds,
+                         pids: list[int], sids: list[int], steps: int, *, schedule: Schedule, guidance_scale: float,
+                         kernel: Kernel, seed: int, epoch: int) -> torch.Tensor:
+    """The first `steps` sampling steps on the rollout's counter-based noise, detached: no gradient reaches them."""
+    shape, device, n = adapter.latent_shape(), adapter.device, len(pids)
+    with torch.no_grad():
+        for j in range(steps):
+            t = schedule.timesteps[j].to(device).expand(n)
+            noise = counter_noise(shape, seed, epoch, pids, sids, j, device) if kernel.noise_level > 0 else None
+            out = adapter.predict(model, x, t, embeds, guidance_scale)
+            x = kernel.step(x, out, schedule.a[j].expand(n).to(device), schedule.b[j].expand(n).to(device),
+                            noise=noise).prev_sample
+    return x.detach()
+
+
 def sample_one_step_x0(
     adapter: PipelineAdapter,
     model: torch.nn.Module,
@@ -120,25 +161,54 @@ def sample_one_step_x0(
     if not 0 <= grad_step < num_steps:
         raise ConfigError(f"grad_step must be in [0, num_steps={num_steps}), got {grad_step}")
     kernel = kernel_for(adapter, kernel)
-    stochastic = kernel.noise_level > 0
     pids, sids = list(prompt_ids), list(sample_ids)
     device, n = adapter.device, len(pids)
     schedule = adapter.schedule(num_steps)
-    shape = adapter.latent_shape()
-    x = counter_noise(shape, seed, epoch, pids, sids, -1, device).to(kernel.dtype) * adapter.initial_noise_scale()
-    with torch.no_grad():  # the prefix: x_j carries no graph, so no gradient reaches earlier steps
-        for j in range(grad_step):
-            t = schedule.timesteps[j].to(device).expand(n)
-            noise = counter_noise(shape, seed, epoch, pids, sids, j, device) if stochastic else None
-            out = adapter.predict(model, x, t, embeds, guidance_scale)
-            x = kernel.step(x, out, schedule.a[j].expand(n).to(device), schedule.b[j].expand(n).to(device),
-                            noise=noise).prev_sample
-    x = x.detach()
+    x_T = counter_noise(adapter.latent_shape(), seed, epoch, pids, sids, -1, device).to(kernel.dtype)
+    x = _sample_without_grad(adapter, model, x_T * adapter.initial_noise_scale(), embeds, pids, sids, grad_step,
+                             schedule=schedule, guidance_scale=guidance_scale, kernel=kernel, seed=seed, epoch=epoch)
     t = schedule.timesteps[grad_step].to(device).expand(n)
     out = adapter.predict(model, x, t, embeds, guidance_scale)
     x0_hat = predict_x0(x, out, schedule.a[grad_step].expand(n).to(device), is_flow=adapter.is_flow,
                         prediction_type=kernel.prediction_type, clip_sample_range=kernel.clip_sample_range,
                         dtype=kernel.dtype)
+    return decode_chunked(adapter, x0_hat, decode_chunk_size, keep_graph=True)
+
+
+def sample_direct_align(
+    adapter: PipelineAdapter,
+    model: torch.nn.Module,
+    embeds: PromptEmbeds,
+    prompt_ids: Sequence[int],
+    sample_ids: Sequence[int],
+    *,
+    num_steps: int,
+    guidance_scale: float,
+    kernel: Kernel,
+    grad_step: int,
+    seed: int,
+    epoch: int,
+    decode_chunk_size: int | None = None,
+) -> torch.Tensor:
+    """SRPO's online Direct-Align: sample x0 without grad from x_T, re-noise it with the same x_T to sigma_j,
+    take one Euler step with grad to sigma_{j+1} and recover x0 with the known noise (`direct_align_x0`)."""
+    if not adapter.is_flow:
+        raise ConfigError(f"refl_mode 'direct_align' interpolates noise and image on the flow path; the "
+                          f"{adapter.family} pipeline is not a flow model: use refl_mode 'refl'")
+    if not 0 <= grad_step < num_steps:
+        raise ConfigError(f"grad_step must be in [0, num_steps={num_steps}), got {grad_step}")
+    kernel = kernel_for(adapter, kernel)
+    pids, sids = list(prompt_ids), list(sample_ids)
+    device, n = adapter.device, len(pids)
+    schedule = adapter.schedule(num_steps)
+    x_T = counter_noise(adapter.latent_shape(), seed, epoch, pids, sids, -1, device).to(kernel.dtype)
+    x0 = _sample_without_grad(adapter, model, x_T, embeds, pids, sids, num_steps, schedule=schedule,
+                              guidance_scale=guidance_scale, kernel=kernel, seed=seed, epoch=epoch)
+    sigma = schedule.a[grad_step].to(device, torch.float32)
+    x_noisy = sigma * x_T + (1 - sigma) * x0  # detached: the graph starts at the one step below
+    t = schedule.timesteps[grad_step].to(device).expand(n)
+    v = adapter.predict(model, x_noisy, t, embeds, guidance_scale)
+    x0_hat = direct_align_x0(x_noisy, v, x_T, sigma, schedule.b[grad_step].to(device, torch.float32))
     return decode_chunked(adapter, x0_hat, decode_chunk_size, keep_graph=True)
 
 
@@ -166,7 +236,8 @@ class ReFL(DRaFT):
             # gradients are averaged over processes once, on the last micro-batch
             with contextlib.nullcontext() if c == len(chunks) - 1 else acc.no_sync(model):
                 with acc.autocast():
-                    images = sample_one_step_x0(
+                    sampler = sample_direct_align if tc.refl_mode == "direct_align" else sample_one_step_x0
+                    images = sampler(
                         adapter, model, embeds.index(idx), slots[idx].tolist(), sample_ids[idx].tolist(),
                         num_steps=cfg.sample.num_steps, guidance_scale=cfg.sample.guidance_scale, kernel=kernel,
                         grad_step=j, seed=tc.seed, epoch=it, decode_chunk_size=cfg.sample.decode_chunk_size)
