@@ -113,6 +113,42 @@ class TestQwenImageEdit(AdapterConformance):
                     output_type=output_type, **given).images
 
 
+class TestQwenImageEditPlus(TestQwenImageEdit):
+    """QwenImageEditPlusPipeline (Qwen-Image-Edit-2509/2511): one source image per record here (the multi-image case
+    is in tests/test_adapter_qwen_image_edit_plus.py); the pipeline samples one prompt per call."""
+
+    family = "qwen_image_edit_plus"
+
+    def build(self, folder: Path) -> None:
+        from mmreward.testing.tiny_qwen_image_edit_plus import save_tiny_qwen_image_edit_plus_pipeline
+
+        save_tiny_qwen_image_edit_plus_pipeline(folder, seed=0)
+
+    def output_latents(self, x):
+        # each call VAE-encodes the source at a 1024x1024 area (~6 s here): the decoded images alone (atol 2e-6)
+        # carry the comparison, halving the slowest test of the suite
+        return None
+
+    def pipeline_sample(self, pipe, prompts, x0, output_type, guidance_scale):
+        from PIL import Image
+
+        from diffusion_rl.pipelines import make_adapter
+
+        if getattr(self, "_embeds", None) is None:
+            self._embeds = make_adapter(pipe, self.height, self.width, self.max_sequence_length).encode(prompts)
+        t = self._embeds.tensors
+        out = []
+        for i, p in enumerate(prompts):
+            row = {k: v[i:i + 1] for k, v in t.items()}
+            given = ({"negative_prompt_embeds": row["negative_prompt_embeds"],
+                      "negative_prompt_embeds_mask": row["negative_prompt_embeds_mask"]} if guidance_scale > 1 else {})
+            out.append(pipe(prompt_embeds=row["prompt_embeds"], prompt_embeds_mask=row["prompt_embeds_mask"],
+                            image=[Image.open(p.source).convert("RGB")], latents=x0[i:i + 1].clone(),
+                            num_inference_steps=self.steps, height=self.height, width=self.width,
+                            true_cfg_scale=guidance_scale, output_type=output_type, **given).images)
+        return torch.cat(out)
+
+
 class TestQwenImage(AdapterConformance):
     family = "qwen_image"
     height = width = 32
