@@ -179,10 +179,19 @@ def curve_figure(history: list[dict[str, Any]]) -> Any:
     for ax in axes:
         ax.set_xlabel("iteration")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole numbers
-    for k in eval_keys:
-        pts = [(h["iteration"], h[k], h.get(k + "_se", 0.0)) for h in history if k in h]
-        axes[1].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                         capsize=3, label=k.split("/", 1)[1])
+    # counts (e.g. shapes-eval/objects_found) beside [0, 1] accuracies would squash them: their own right axis
+    unit = [k for k in eval_keys if all(-0.05 <= h[k] <= 1.05 for h in history if k in h)]
+    other_ax = axes[1].twinx() if len(unit) not in (0, len(eval_keys)) else None
+    merged = _merge_identical(history, eval_keys)  # identical series: one line labelled "a = b"
+    for i, (label, (xs, ys)) in enumerate(merged.items()):
+        k = "eval/" + label.split(" = ")[0]
+        ax = axes[1] if other_ax is None or k in unit else other_ax
+        ses = [h.get(k + "_se", 0.0) for h in history if k in h]
+        ax.errorbar(xs, ys, yerr=ses, marker="o", capsize=3, label=label, color=f"C{i}",
+                    linestyle="--" if ax is other_ax else "-")
+    if other_ax is not None:
+        other_ax.set_ylabel("counts (dashed)")
+        other_ax.legend(fontsize=8, loc="lower right")
     axes[1].set_title("held-out evaluation (mean ± SE)")
     axes[1].set_xlabel("iteration")
     if gold_keys:

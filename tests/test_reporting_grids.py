@@ -78,3 +78,15 @@ def test_reward_curve_keeps_diagnostics_apart_and_integer_iterations():
     fig.canvas.draw()
     ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 3]
     assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+def test_eval_panel_merges_identical_series_and_puts_counts_on_their_own_axis():
+    pytest.importorskip("matplotlib")
+    history = [{"iteration": i, "eval/r": 0.5 + 0.1 * i, "eval/r/soft": 0.5 + 0.1 * i, "eval/r/strict": 0.2 * i,
+                "eval/r/objects_found": 1.2 + 0.01 * i} for i in (0, 1)]
+    fig = curve_figure(history)
+    eval_ax = next(ax for ax in fig.axes if ax.get_title().startswith("held-out"))
+    labels = sorted(c.get_label() for c in eval_ax.containers)
+    assert labels == ["r = r/soft", "r/strict"]  # the identical pair is one line naming both
+    twins = [ax for ax in fig.axes if ax is not eval_ax and ax.get_ylabel().startswith("counts")]
+    assert len(twins) == 1 and [c.get_label() for c in twins[0].containers] == ["r/objects_found"]
