@@ -35,9 +35,9 @@ ORIGINAL = ("Skywork/Skywork-VL-Reward-7B model card (TRL AutoModelForCausalLMWi
 # measured differences are ~1e-7 of the scores; a wrong token, position scheme or resize moves them by >1e-3
 REL = 2e-5
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 112 * 112
-CASES = ("RGB", "grayscale", "odd size", "downscaled")
-QUESTIONS = ["How many circles are there?", "What colour is the square?", "Describe the image.", ""]
-RESPONSES = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle left of a green star", "A photo."]
+CASES = ("RGB", "grayscale", "odd size", "downscaled", "RGBA")
+QUESTIONS = ["How many circles are there?", "What colour is the square?", "Describe the image.", "", "Is it red?"]
+RESPONSES = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle left of a green star", "A photo.", "no"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,10 +137,10 @@ def _original_scores(folder, paths, questions, responses):
 
 
 def _image_files(tmp_path, seed=3):
-    """RGB, grayscale, odd-size RGB and a large RGB image (downscaled by smart_resize), as PNG files."""
+    """RGB, grayscale, odd-size RGB, a large RGB image (downscaled by smart_resize) and RGBA, as PNG files."""
     rng = np.random.default_rng(seed)
     specs = [("rgb.png", "RGB", (64, 80, 3)), ("gray.png", "L", (50, 40)), ("odd.png", "RGB", (37, 61, 3)),
-             ("large.png", "RGB", (150, 133, 3))]
+             ("large.png", "RGB", (150, 133, 3)), ("rgba.png", "RGBA", (45, 45, 4))]
     paths = []
     for name, mode, shape in specs:
         arr = rng.integers(0, 256, shape, dtype=np.uint8)
@@ -171,7 +171,7 @@ def test_skywork_vl_reward_matches_the_original_path(sky_dir, reward, tmp_path):
     got = reward.score_responses(QUESTIONS, paths, RESPONSES).scores
     max_abs, max_rel = record_parity("skywork-vl-reward", original=ORIGINAL, how="transcribed", actual=got,
                                      expected=expected, cases=CASES,
-                                     not_checked="bf16 on GPU (the card runs bf16, value head in fp32); RGBA")
+                                     not_checked="bf16 on GPU (the card runs bf16, value head in fp32)")
     assert float(expected.max() - expected.min()) > 1e-2  # the tiny model's scores spread: the check has teeth
     assert_close_scaled(got, expected, rel=REL, msg=lambda m: f"{m}\nmax abs {max_abs:.3g}, rel {max_rel:.3g}")
 

@@ -54,6 +54,18 @@ class ValueHead(nn.Module):
         return self.summary(hidden_states.to(self.summary.weight.dtype)).squeeze(-1)
 
 
+def paste_on_white(rgba: torch.Tensor) -> torch.Tensor:
+    """qwen_vl_utils `to_rgb` of an RGBA image: `Image.new("RGB", size, white).paste(image, mask=alpha)`, in
+    Pillow's 8-bit arithmetic (libImaging Paste.c BLEND: DIV255(in * a + 255 * (255 - a)) rounds exactly),
+    on (4, H, W) [0, 1] values; returns (3, H, W) in [0, 1] holding the same 8-bit values."""
+    from mmreward.models._qwen_vl import to_uint8_values
+
+    x = to_uint8_values(rgba).to(torch.int64)
+    rgb, a = x[:3], x[3:]
+    v = rgb * a + 255 * (255 - a) + 128
+    return (((v >> 8) + v) >> 8).to(torch.float32) / 255
+
+
 class SkyworkVLReward(ResponseReward):
     name = "skywork-vl-reward"
     modalities = ("image",)
@@ -75,10 +87,15 @@ class SkyworkVLReward(ResponseReward):
 
         out = []
         for m in media:
-            if m.shape[0] == 4:  # qwen_vl_utils `to_rgb` pastes RGBA on a white background
-                m = m[:3] * m[3:] + (1 - m[3:])
+            if m.shape[0] == 4:
+                m = paste_on_white(m)
             out.append(resize_for_qwen(m, self.min_pixels, self.max_pixels, "pillow"))
         return out
+
+    @property
+    def image_alpha(self) -> str:
+        # keep RGBA's alpha through `prepare`: the original composites it on white (`paste_on_white`)
+        return "white_background"
 
     def conversations(self, questions: Sequence[str], responses: Sequence[str]) -> list[list[dict[str, Any]]]:
         """The model card's messages: the user turn holds the image then the question; the assistant turn the response."""
