@@ -301,3 +301,25 @@ def test_one_direct_align_iteration_updates_lora_weights(tmp_path, tiny_pipeline
     assert metrics["train/grad_step"] in (0.0, 1.0) and metrics["train/grad_norm"] > 0
     assert metrics["train/loss"] == pytest.approx(2.0 - metrics["reward/mock"], rel=1e-5)
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.trainable, strict=True))
+
+
+def test_diffusion_rl_train_runs_the_refl_preset(tmp_path, tiny_pipeline_dir):
+    """`diffusion-rl train` with `preset: refl` (full UNet fine-tuning, DDIM eta 1) on a tiny SD, sizes shrunk."""
+    import yaml
+
+    from diffusion_rl.cli import main
+
+    path = tmp_path / "refl.yaml"
+    path.write_text(yaml.safe_dump({
+        "preset": "refl",
+        "model": {"pretrained": str(tiny_pipeline_dir("sd")), "height": 16, "width": 16},
+        "sample": {"num_steps": 4, "prompts_per_iteration": 2, "batch_size": 2},
+        "reward": {"rewards": {"mock": 1.0}},
+        "train": {"iterations": 1},
+        "prompts": {"train": ["a red circle", "a blue square"]},
+        "log": {"output_dir": str(tmp_path / "out"), "progress": False},
+    }))
+    assert main(["train", "--config", str(path)]) == 0
+    rows = [yaml.safe_load(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "train/loss" in r]
+    assert len(trained) == 1 and trained[0]["train/grad_step"] == 3.0 and trained[0]["train/grad_norm"] > 0
