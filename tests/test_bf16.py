@@ -103,8 +103,13 @@ def load_pair(name: str):
     return fp32, bf16
 
 
+# response rewards score (question, image, response): no float network that bf16 could change, and the test batch
+# has no responses to score
+NOT_COMPARED = {"shapes-vqa": "an exact answer checker (ResponseReward); no network"}
+
+
 def test_every_image_family_is_covered():
-    assert sorted(FAMILIES) == image_families()
+    assert sorted(FAMILIES) == [n for n in image_families() if n not in NOT_COMPARED]
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
