@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # ShapesWorld modules a runtime reward, environment or inference method may import
 SYNTHETIC_RUNTIME = {"captions", "checker", "prompts", "scenes", "tokenizer", "identity_vae", "assets", "models",
-                     "motion", "edits"}
+                     "motion", "edits", "vqa"}
 SYNTHETIC_MODULES = {p.stem for p in (ROOT / "mmreward" / "synthetic").rglob("*.py")} | {"build"}
 OFF_LIMITS = ("mmreward.synthetic.build", "diffusion_rl.experiments")
 

@@ -38,6 +38,10 @@ def test_truncations_are_reported_once_per_run(sd3, tmp_path, capfd):
             self.messages.append(record.getMessage())
 
     shown = Shown()
+    from diffusers.utils import logging as d_logging
+
+    level = d_logging.get_verbosity()
+    d_logging.set_verbosity_warning()  # diffusers' default; an earlier test in this process may have lowered it
     logging.getLogger("diffusers").addHandler(shown)
     try:
         capfd.readouterr()
@@ -53,4 +57,5 @@ def test_truncations_are_reported_once_per_run(sd3, tmp_path, capfd):
         assert len([m for m in shown.messages if "was truncated" in m]) >= 3
     finally:
         logging.getLogger("diffusers").removeHandler(shown)
+        d_logging.set_verbosity(level)
 
