@@ -9,4 +9,6 @@ if ! command -v tesseract >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/python -m ruff check .
-.venv/bin/python -m pytest -q "$@"
+# two workers (one per core), a test file per worker so session tiny pipelines are built once per file group;
+# the slowest tests are listed so they stay visible
+.venv/bin/python -m pytest -q -n "${MMREWARD_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"

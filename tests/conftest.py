@@ -11,6 +11,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: the workers already use every core
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():
