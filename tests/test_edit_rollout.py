@@ -116,7 +116,7 @@ def qwen_edit(tmp_path_factory):
     return load_pipeline(str(folder))
 
 
-@pytest.mark.parametrize("cfg", [1.0, 2.5])
+@pytest.mark.parametrize("cfg", [pytest.param(1.0, marks=pytest.mark.slow), 2.5])  # no-CFG: slow (time budget)
 def test_ode_rollout_equals_the_qwen_image_edit_pipeline(qwen_edit, edits, cfg):
     """Source images go through the VLM prompt and the VAE at about 1024x1024 pixels, as the pipeline does."""
     from PIL import Image
