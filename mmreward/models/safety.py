@@ -7,8 +7,8 @@
   exposed-body-part class over all anchors (a continuous version of "some unsafe box was detected").
   Preprocessing is the package's, batched in torch: pad bottom/right to a square, bilinear resize to
   320, [0, 1]; channel order as the package feeds images read from files (BGR).
-  Deviation: cv2's resize rounds the 8-bit pixels, ours keeps floats; on real photos the class scores
-  differ from the package's by up to ~0.01 (tests/test_detectors_safety.py records it for docs/parity.md).
+  The resize is the package's own cv2 call on the same 8-bit pixels (tests/test_detectors_safety.py records the
+  parity for docs/parity.md); only without OpenCV does a float resize stand in (~0.01 off).
 
 `details["nsfw_prob"]` holds P(NSFW) and `details["unsafe"]` whether it exceeds `threshold`
 (Yahoo's guidance: below 0.2 safe, above 0.8 unsafe).
@@ -81,12 +81,26 @@ class OpenNSFWReward(NSFWReward):
 
 
 def nudenet_input(media: torch.Tensor | list[torch.Tensor], size: int = 320) -> torch.Tensor:
-    """NudeNet's preprocessing on tensors: zero-pad bottom/right to a square, bilinear resize, RGB -> BGR."""
+    """NudeNet's preprocessing on tensors: zero-pad bottom/right to a square, bilinear resize, RGB -> BGR.
+
+    The package resizes the padded 8-bit image with cv2 (`cv2.dnn.blobFromImage`: INTER_LINEAR in fixed point,
+    rounded to 8 bits): with OpenCV installed (it is a dependency of the nudenet package) we call the same
+    cv2.resize on the same 8-bit pixels, so the network sees the package's input exactly; without it a float
+    bilinear resize stands in (class scores then differ by up to ~0.01)."""
+    try:
+        import cv2
+    except ImportError:
+        cv2 = None
     out = []
     for img in media:  # padding depends on each item's aspect ratio; resizing is per item anyway
         h, w = img.shape[-2:]
         side = max(h, w)
         square = F.pad(img.float(), [0, side - w, 0, side - h])
+        if cv2 is not None:
+            u8 = (square.detach().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+            resized = cv2.resize(np.ascontiguousarray(u8), (size, size), interpolation=cv2.INTER_LINEAR)
+            out.append(torch.from_numpy(resized).permute(2, 0, 1).float().div(255.0).to(img.device))
+            continue
         # cv2.resize INTER_LINEAR: half-pixel centres, no antialiasing when shrinking
         out.append(F.interpolate(square[None], size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0])
     return torch.stack(out).flip(1)
