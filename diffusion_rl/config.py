@@ -319,7 +319,8 @@ class AdvantageConfig:
 @dataclass
 class TrainConfig:
     algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), "
-                         "dpo (online Diffusion-DPO), raft (reward-ranked fine-tuning) or refl (ReFL: reward on a "
+                         "dpo (online Diffusion-DPO), raft (reward-ranked fine-tuning), awm (advantage-weighted "
+                         "matching) or refl (ReFL: reward on a "
                          "one-step x0 prediction at a random late step)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
@@ -358,6 +359,7 @@ class TrainConfig:
                                     "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
     dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
     raft_top_k: int = _f(1, "raft: samples of each group kept (the k highest rewards) and fine-tuned on")
+    awm_adv_clip: float = _f(1.0, "awm: advantages are clipped to [-awm_adv_clip, awm_adv_clip] (Flow-Factory adv_clip_range)")
     refl_step_range: list[float] = _f([0.75, 1.0], "refl: the step with grad is drawn uniformly from the step indices "
                                       "[floor(lo T), ceil(hi T) - 1] of the T sampling steps (ReFL.py: 30..39 of 40)")
     refl_loss: str = _f("relu", "refl: phi of the loss lambda phi(margin - reward): 'relu' (ReFL.py) or 'identity'")
@@ -381,7 +383,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _validate_types(self, "train")
         _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft",
-                                                    "refl"])
+                                                    "refl", "awm"])
+        _positive("train.awm_adv_clip", self.awm_adv_clip)
         _positive("train.dpo_beta", self.dpo_beta)
         _positive("train.raft_top_k", self.raft_top_k)
         _choice("train.refl_loss", self.refl_loss, ["relu", "identity"])
@@ -521,7 +524,7 @@ class RunConfig:
                 raise ConfigError(f"config section '{f.name}' must be a {_SECTION_CLASSES[f.name].__name__}, "
                                   f"got {type(section).__name__}")
         algo = self.train.algorithm
-        if algo in ("grpo", "pref_grpo", "nft", "dpo", "raft") and self.sample.group_size < 2:
+        if algo in ("grpo", "pref_grpo", "nft", "dpo", "raft", "awm") and self.sample.group_size < 2:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
                 f"got {self.sample.group_size}"
@@ -577,7 +580,7 @@ class RunConfig:
 
 
 # methods that sample without SDE likelihoods (any ODE solver) and bring their own iteration
-_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl")
+_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl", "awm")
 
 _SECTION_CLASSES = {
     "model": ModelConfig, "sample": SampleConfig, "reward": RewardConfig, "advantage": AdvantageConfig,

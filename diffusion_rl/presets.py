@@ -190,6 +190,17 @@ FORWARD_PRESETS: dict[str, dict[str, Any]] = {
                    "prompts_per_iteration": 10},
         "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
     },
+    # AWM (X-GenGroup/Flow-Factory@a0b2bc5 examples/awm/lora/sd3_5/default.yaml): 14 ODE steps at guidance 1,
+    # group 16, 48 prompts, advantages clipped to [-1, 1], ratio clip 1, velocity KL 1e-4 to the LoRA-free
+    # model, lr 3e-4, weight decay 1e-4, grad norm 1, LoRA r32 / alpha 64
+    "awm": {
+        "train": {"algorithm": "awm", "awm_adv_clip": 1.0, "clip_range": 1.0, "kl_beta": 1e-4,
+                  "kl_reference": "adapter", "learning_rate": 3e-4, "weight_decay": 1e-4, "max_grad_norm": 1.0,
+                  "num_inner_epochs": 1, "num_minibatches": 1},
+        "sample": {"num_steps": 14, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler", "group_size": 16,
+                   "prompts_per_iteration": 48, "guidance_scale": 1.0},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
+    },
 }
 
 PRESETS: dict[str, dict[str, Any]] = {**GRPO_PRESETS, **PREF_GRPO_PRESETS, **DDPO_PRESETS, **DRAFT_PRESETS,

@@ -1,7 +1,7 @@
 """One readable file per method. A policy-gradient method (GRPO, Pref-GRPO, DDPO) is the advantage
 computation that distinguishes it: `advantages(batch, order) -> (this process's advantages, metrics)`, where
 `order` gathers rewards from every process in canonical order; the PPO update is shared in
-`diffusion_rl.trainer`. DRaFT/AlignProp and ReFL backpropagate the reward instead; DiffusionNFT, Diffusion-DPO and RAFT train on the
+`diffusion_rl.trainer`. DRaFT/AlignProp and ReFL backpropagate the reward instead; DiffusionNFT, Diffusion-DPO, RAFT and AWM train on the
 forward process; they bring their own `iteration`.
 None of them sees the trainer. The papers' presets are in `diffusion_rl.presets`."""
 
@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
+from diffusion_rl.algorithms.awm import AWM
 from diffusion_rl.algorithms.ddpo import DDPO
 from diffusion_rl.algorithms.dpo import DiffusionDPO
 from diffusion_rl.algorithms.draft import DRaFT
@@ -31,7 +32,7 @@ class AdvantageAlgorithm(Protocol):
 
 
 def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
-                   ) -> AdvantageAlgorithm | DRaFT | DiffusionNFT | DiffusionDPO | RAFT:
+                   ) -> AdvantageAlgorithm | DRaFT | DiffusionNFT | DiffusionDPO | RAFT | AWM:
     """The method `train.algorithm` names, built from the config and the rewards it needs."""
     name = cfg.train.algorithm
     if name == "grpo":
@@ -46,10 +47,12 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
         return DiffusionDPO(cfg, rewards)
     if name == "raft":
         return RAFT(cfg, rewards)
+    if name == "awm":
+        return AWM(cfg, rewards)
     if name == "refl":
         return ReFL(cfg, rewards)  # a DRaFT subclass: the trainer runs its own iteration
     return DRaFT(cfg, rewards)
 
 
-__all__ = ["DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
+__all__ = ["AWM", "DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
            "ReFL", "make_algorithm"]
