@@ -28,18 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
 
 import torch
 
 from diffusion_rl.algorithms.dpo import (
-    check_flow_lora,
+    RankedSamplesMethod,
     flow_matching_error,
     forward_draw,
     reference_velocity,
-    sample_and_rank,
 )
-from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
@@ -56,24 +53,19 @@ def awm_loss(v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor, advantages: t
     return torch.maximum(unclipped, clipped).mean().float(), ratio.detach().float()
 
 
-class AWM:
+class AWM(RankedSamplesMethod):
     """Advantage Weighted Matching (see the module docstring): `iteration` runs one whole iteration."""
 
     name = "awm"
-
-    def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
-        self.cfg, self.rewards = cfg, rewards
-        self.metadata = cfg.prompts.load("train")  # metadata-aware rewards look prompts up here
 
     def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
                   embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
                   ) -> tuple[dict[str, float], torch.Tensor]:
         """Sample and score groups, advantages, then advantage-weighted matching steps on every sample."""
         del kernel  # sampled by an ODE solver; the loss is on the forward process
-        check_flow_lora(self.name, adapter, policy, needs_reference=self.cfg.train.kl_beta > 0)
         t0 = time.perf_counter()
-        x0_all, images, adv, metrics = sample_and_rank(self.cfg, self.rewards, self.metadata, it, policy, adapter,
-                                                       prompts, embeds, slots, sample_ids)
+        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
+                                                   needs_reference=self.cfg.train.kl_beta > 0)
         t1 = time.perf_counter()
         metrics.update(self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, adv))
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})

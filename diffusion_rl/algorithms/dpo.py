@@ -156,24 +156,38 @@ def reference_velocity(policy: Policy, adapter: PipelineAdapter, x_t: torch.Tens
 # ----------------------------------------------------------------------------------------------
 # the method
 # ----------------------------------------------------------------------------------------------
-class DiffusionDPO:
-    """Online Diffusion-DPO (see the module docstring): `iteration` runs one whole iteration."""
+class RankedSamplesMethod:
+    """What DPO, RAFT and AWM share: the run's rewards and prompt metadata, and one step that checks the model,
+    samples every group with the current policy (ODE) and ranks it (`sample_and_rank`)."""
 
-    name = "dpo"
+    name = ""
 
     def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
         self.cfg, self.rewards = cfg, rewards
         self.metadata = cfg.prompts.load("train")  # metadata-aware rewards look prompts up here
+
+    def sample(self, it: int, policy: Policy, adapter: PipelineAdapter, prompts: list[str], embeds: PromptEmbeds,
+               slots: torch.Tensor, sample_ids: torch.Tensor, *, needs_reference: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(clean latents, images, advantages, metrics) of this iteration's groups."""
+        check_flow_lora(self.name, adapter, policy, needs_reference=needs_reference)
+        return sample_and_rank(self.cfg, self.rewards, self.metadata, it, policy, adapter, prompts, embeds, slots,
+                               sample_ids)
+
+
+class DiffusionDPO(RankedSamplesMethod):
+    """Online Diffusion-DPO (see the module docstring): `iteration` runs one whole iteration."""
+
+    name = "dpo"
 
     def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
                   embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
                   ) -> tuple[dict[str, float], torch.Tensor]:
         """Sample and score groups, pair best with worst, then `num_minibatches` optimizer steps of the DPO loss."""
         del kernel  # sampled by an ODE solver; the loss is on the forward process
-        check_flow_lora(self.name, adapter, policy, needs_reference=True)
         t0 = time.perf_counter()
-        x0_all, images, adv, metrics = sample_and_rank(self.cfg, self.rewards, self.metadata, it, policy, adapter,
-                                                       prompts, embeds, slots, sample_ids)
+        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
+                                                   needs_reference=True)
         win, lose, valid = best_worst_pairs(adv, slots.cpu())
         t1 = time.perf_counter()
         metrics.update(self._train(it, policy, adapter, embeds, slots, x0_all, win, lose, valid))

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
 
 import torch
 
-from diffusion_rl.algorithms.dpo import check_flow_lora, flow_matching_error, forward_draw, sample_and_rank
-from diffusion_rl.config import RunConfig
+from diffusion_rl.algorithms.dpo import RankedSamplesMethod, flow_matching_error, forward_draw
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
@@ -53,24 +51,19 @@ def raft_loss(v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor) -> torch.Ten
     return flow_matching_error(v, x0, eps).mean()
 
 
-class RAFT:
+class RAFT(RankedSamplesMethod):
     """Reward-ranked fine-tuning (see the module docstring): `iteration` runs one whole iteration."""
 
     name = "raft"
-
-    def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
-        self.cfg, self.rewards = cfg, rewards
-        self.metadata = cfg.prompts.load("train")  # metadata-aware rewards look prompts up here
 
     def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
                   embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
                   ) -> tuple[dict[str, float], torch.Tensor]:
         """Sample and score groups, keep each group's top k, then supervised steps on them."""
         del kernel  # sampled by an ODE solver; the loss is on the forward process
-        check_flow_lora(self.name, adapter, policy, needs_reference=False)
         t0 = time.perf_counter()
-        x0_all, images, adv, metrics = sample_and_rank(self.cfg, self.rewards, self.metadata, it, policy, adapter,
-                                                       prompts, embeds, slots, sample_ids)
+        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
+                                                   needs_reference=False)
         winners = top_k_per_group(adv, slots.cpu(), self.cfg.train.raft_top_k)
         t1 = time.perf_counter()
         metrics.update(self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, winners))

@@ -22,14 +22,10 @@ QWEN_IMAGE_SCHEDULER = {"use_dynamic_shifting": True, "base_shift": 0.5, "max_sh
                         "max_image_seq_len": 8192, "shift_terminal": 0.02, "time_shift_type": "exponential"}
 
 
-def build_tiny_qwen_image_pipeline(seed: int = 0, num_layers: int = 1) -> Any:
-    """A `QwenImagePipeline` with seeded random tiny components (see the module docstring)."""
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
+def tiny_qwen_image_components(seed: int = 0, num_layers: int = 1) -> dict[str, Any]:
+    """The seeded tiny components every Qwen-Image pipeline class takes: scheduler, VAE, Qwen2.5-VL text encoder,
+    its tokenizer and processor, transformer (the text-to-image pipeline takes all but the processor)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
     from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
 
@@ -45,9 +41,18 @@ def build_tiny_qwen_image_pipeline(seed: int = 0, num_layers: int = 1) -> Any:
     transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=4 * z, out_channels=z, num_layers=num_layers,
                                               attention_head_dim=16, num_attention_heads=2,
                                               joint_attention_dim=hidden, axes_dims_rope=(4, 6, 6))
-    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
-    return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder.eval(),
-                             tokenizer=processor.tokenizer, transformer=transformer)
+    return {"scheduler": FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), "vae": vae,
+            "text_encoder": text_encoder.eval(), "tokenizer": processor.tokenizer, "processor": processor,
+            "transformer": transformer}
+
+
+def build_tiny_qwen_image_pipeline(seed: int = 0, num_layers: int = 1) -> Any:
+    """A `QwenImagePipeline` with seeded random tiny components (see the module docstring)."""
+    from diffusers import QwenImagePipeline
+
+    parts = tiny_qwen_image_components(seed, num_layers)
+    parts.pop("processor")
+    return QwenImagePipeline(**parts)
 
 
 def save_tiny_qwen_image_pipeline(path: str | os.PathLike, seed: int = 0) -> Path:
