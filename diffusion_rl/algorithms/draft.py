@@ -102,6 +102,19 @@ class DRaFT:
     def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
         self.cfg, self.rewards = cfg, rewards
 
+    def reward_metrics(self, acc: Any, rewards: dict[str, list[torch.Tensor]], weights: dict[str, float]
+                       ) -> dict[str, float]:
+        """Each reward's mean and std over all processes, and their weighted, oriented sum (reward/combined)."""
+        metrics: dict[str, float] = {}
+        combined = 0.0
+        for name, parts in rewards.items():
+            allr = acc.gather(torch.cat(parts))
+            metrics[f"reward/{name}"] = float(allr.mean())
+            metrics[f"reward/{name}_std"] = float(allr.std()) if len(allr) > 1 else 0.0
+            sign = 1.0 if self.rewards[name].higher_is_better else -1.0
+            combined += weights[name] * sign * float(allr.mean())
+        metrics["reward/combined"] = combined
+        return metrics
     def _check_rewards(self) -> None:
         bad = [n for n, r in self.rewards.items() if not r.differentiable]
         if bad:
@@ -151,13 +164,6 @@ class DRaFT:
         metrics: dict[str, float] = {"train/loss": sum(losses), "train/backprop_steps": float(k)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = grad_norm
-        combined = 0.0
-        for name, parts in rewards.items():
-            allr = acc.gather(torch.cat(parts))
-            metrics[f"reward/{name}"] = float(allr.mean())
-            metrics[f"reward/{name}_std"] = float(allr.std()) if len(allr) > 1 else 0.0
-            sign = 1.0 if self.rewards[name].higher_is_better else -1.0
-            combined += weights[name] * sign * float(allr.mean())
-        metrics["reward/combined"] = combined
+        metrics.update(self.reward_metrics(acc, rewards, weights))
         metrics["time/iteration_s"] = time.perf_counter() - t0
         return metrics, torch.cat(images_all)

@@ -256,12 +256,6 @@ class ReFL(DRaFT):
         metrics: dict[str, float] = {"train/loss": sum(losses), "train/grad_step": float(j)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = grad_norm
-        combined = 0.0
-        for name, parts in rewards.items():
-            allr = acc.gather(torch.cat(parts))
-            metrics[f"reward/{name}"] = float(allr.mean())
-            metrics[f"reward/{name}_std"] = float(allr.std()) if len(allr) > 1 else 0.0
-            combined += weights[name] * (1.0 if self.rewards[name].higher_is_better else -1.0) * float(allr.mean())
-        metrics["reward/combined"] = combined
+        metrics.update(self.reward_metrics(acc, rewards, weights))
         metrics["time/iteration_s"] = time.perf_counter() - t0
         return metrics, torch.cat(images_all)
