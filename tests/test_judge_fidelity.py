@@ -174,11 +174,13 @@ def test_transformers_backend_marks_rows_that_hit_the_limit(tmp_path):
 
 
 def test_openai_backend_reads_finish_reason_length():
-    backend = OpenAIChatBackend("http://127.0.0.1:9/v1", "m", max_retries=0)
+    import httpx
+
     replies = iter([{"choices": [{"message": {"content": "<think>long"}, "finish_reason": "length"}]},
                     {"choices": [{"message": {"content": "<answer>Image 2 is better</answer>"},
                                   "finish_reason": "stop"}]}])
-    backend._post = lambda body: next(replies)
+    backend = OpenAIChatBackend("http://127.0.0.1:9/v1", "m", max_retries=0, max_concurrency=1,
+                                transport=httpx.MockTransport(lambda request: httpx.Response(200, json=next(replies))))
     from mmreward.judges.backends import JudgeRequest
 
     out = backend.generate([JudgeRequest("q", [_images(1)[0]])] * 2, max_new_tokens=77)

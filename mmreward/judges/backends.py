@@ -7,11 +7,13 @@ n sampled completions. Decoding is greedy (temperature 0) unless told otherwise.
   plus `choice_probs`, which teacher-forces a prefix and reads the next-token distribution over a few
   choices (digit-probability soft scores, P("Image 1") vs P("Image 2")) in one forward, and
   `next_token_logprobs` (the whole first-token distribution, for P("Yes") judges such as PaCo-Reward).
-- `OpenAIChatBackend`: POSTs to `{base_url}/chat/completions` (vLLM, SGLang, ...), images as base64
-  PNG data URLs (a video is sent as its frames), requests issued concurrently from an asyncio loop with
-  a concurrency cap, a per-request timeout, and retries with exponential backoff on timeouts, connection
-  errors, 429 and 5xx. Other HTTP errors fail at once with the server's message. `top_logprobs` asks
-  for one token with `logprobs`/`top_logprobs` (at most 20, the OpenAI limit). Standard library only.
+- `OpenAIChatBackend`: POSTs to `{base_url}/chat/completions` (vLLM, SGLang, ...) with `httpx` (the
+  `judges` extra), images as base64 PNG data URLs (a video is sent as its frames), a batch's requests all in
+  flight at once under a concurrency cap, a per-request timeout, and retries with exponential backoff on
+  timeouts, connection errors, 408, 429 and 5xx (honouring Retry-After). Other HTTP errors fail at once
+  with the server's message (`JudgeHTTPError`); exhausted retries raise `JudgeUnavailableError`, a
+  malformed answer `JudgeResponseError` (all `JudgeBackendError`). `top_logprobs` asks for one token with
+  `logprobs`/`top_logprobs` (at most 20, the OpenAI limit). docs/serving.md serves a judge with vLLM/SGLang.
 """
 
 from __future__ import annotations
@@ -19,11 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -310,6 +308,26 @@ class TransformersBackend(JudgeBackend):
 # ----------------------------------------------------------------------------------------------
 # OpenAI-compatible endpoint
 # ----------------------------------------------------------------------------------------------
+class JudgeHTTPError(JudgeBackendError):
+    """The server answered an HTTP error that retrying cannot fix (4xx other than 408/429); `status` is it."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class JudgeUnavailableError(JudgeBackendError):
+    """The server could not be reached, timed out or kept answering 408/429/5xx until the retries ran out."""
+
+
+class JudgeResponseError(JudgeBackendError):
+    """The server answered 200 with a body that is not the OpenAI chat-completion shape we need."""
+
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+MAX_RETRY_AFTER_S = 60.0  # a Retry-After header is honoured up to this
+
+
 def to_data_url(image: torch.Tensor, fmt: str = "png") -> str:
     """(3, H, W) in [0, 1] -> 'data:image/png;base64,...' (lossless by default, so judges see our pixels)."""
     from PIL import Image
@@ -320,21 +338,50 @@ def to_data_url(image: torch.Tensor, fmt: str = "png") -> str:
     return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _retry_after(response) -> float | None:
+    """Seconds from a Retry-After header given as a number (the form vLLM / OpenAI proxies send), else None."""
+    value = response.headers.get("retry-after")
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER_S) if value is not None else None
+    except ValueError:
+        return None
+
+
 class OpenAIChatBackend(JudgeBackend):
+    """A judge served behind an OpenAI-compatible `/chat/completions` (vLLM, SGLang, LMDeploy, TGI, OpenAI).
+
+    Built on `httpx` (the `judges` extra): one pooled `AsyncClient` per batch, every request of the batch in
+    flight at once up to `max_concurrency` (the server batches them continuously), each with `timeout`
+    seconds and up to `max_retries` retries on connection errors, timeouts and HTTP 408/429/5xx, waiting
+    `backoff * 2**attempt` seconds (or the server's Retry-After, up to 60 s). Decoding is deterministic by
+    default: temperature 0 and a fixed `seed` are sent with every request. `extra_body` is merged into every
+    request for server-specific sampling fields (vLLM's `top_k`, `repetition_penalty`, `mm_processor_kwargs`).
+    `transport` replaces httpx's network transport (tests: `httpx.MockTransport`).
+    """
+
     name = "openai"
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 60.0,
                  max_retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8, max_tokens: int = 512,
-                 image_format: str = "png") -> None:
-        if not base_url.startswith(("http://", "https://")):
+                 image_format: str = "png", extra_body: dict | None = None, transport=None) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise RewardInputError(f"base_url: expected an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
-        if timeout <= 0 or max_retries < 0 or backoff < 0 or max_concurrency < 1:
-            raise RewardInputError("timeout must be > 0, max_retries and backoff >= 0, max_concurrency >= 1")
+        if not timeout > 0 or max_retries < 0 or backoff < 0 or max_concurrency < 1 or max_tokens < 1:
+            raise RewardInputError("timeout must be > 0, max_retries and backoff >= 0, max_concurrency and "
+                                   f"max_tokens >= 1; got timeout={timeout}, max_retries={max_retries}, "
+                                   f"backoff={backoff}, max_concurrency={max_concurrency}, max_tokens={max_tokens}")
+        if image_format.lower() not in ("png", "jpeg", "webp"):
+            raise RewardInputError(f"image_format must be 'png', 'jpeg' or 'webp', got {image_format!r}")
+        from mmreward.errors import require_installed
+
+        require_installed("httpx", "judges", "the OpenAI-compatible judge backend")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key = api_key
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.max_concurrency, self.max_tokens, self.image_format = max_concurrency, max_tokens, image_format
+        self.extra_body = dict(extra_body or {})
+        self.transport = transport
         self.calls = 0  # HTTP attempts made, for tests and monitoring
 
     def payload(self, request: JudgeRequest, n: int, temperature: float, seed: int,
@@ -349,45 +396,74 @@ class OpenAIChatBackend(JudgeBackend):
         messages = [{"role": "user", "content": content}]
         if request.system:
             messages.insert(0, {"role": "system", "content": request.system})
-        return {"model": self.model, "messages": messages, "temperature": temperature, "n": n, "seed": seed,
-                "max_tokens": max_tokens or self.max_tokens}
+        return {**self.extra_body, "model": self.model, "messages": messages, "temperature": temperature, "n": n,
+                "seed": seed, "max_tokens": max_tokens or self.max_tokens}
 
-    def _post(self, body: bytes) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        last: Exception | None = None
+    # -- transport ------------------------------------------------------------------------------
+    def _client(self):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        # the pool holds exactly the connections the semaphore lets through: no request waits on the pool,
+        # so `timeout` measures the server, not our queue
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), limits=limits, headers=headers,
+                                 transport=self.transport)
+
+    async def _post(self, client, sem: asyncio.Semaphore, payload: dict) -> dict:
+        import httpx
+
+        last = ""
         for attempt in range(self.max_retries + 1):
-            self.calls += 1
-            try:
-                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode("utf-8", "replace")[:300]
-                if exc.code != 429 and exc.code < 500:
-                    raise JudgeBackendError(f"{self.url} answered HTTP {exc.code}: {detail}") from exc
-                last = JudgeBackendError(f"HTTP {exc.code}: {detail}")
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = exc
-            except json.JSONDecodeError as exc:
-                raise JudgeBackendError(f"{self.url} returned a body that is not JSON: {exc}") from exc
+            wait = self.backoff * (2 ** attempt)
+            async with sem:  # the cap holds requests in flight, not the backoff sleeps between them
+                self.calls += 1
+                try:
+                    response = await client.post(self.url, json=payload)
+                except httpx.TimeoutException as exc:
+                    last = f"timed out after {self.timeout}s ({type(exc).__name__})"
+                    response = None
+                except httpx.TransportError as exc:  # connection refused/reset, protocol errors
+                    last = f"{type(exc).__name__}: {exc}"
+                    response = None
+            if response is not None:
+                if response.status_code == 200:
+                    try:
+                        body = response.json()
+                    except ValueError as exc:
+                        raise JudgeResponseError(f"{self.url} returned a body that is not JSON: {exc}") from None
+                    if not isinstance(body, dict):
+                        raise JudgeResponseError(f"{self.url} returned JSON that is not an object: {str(body)[:200]}")
+                    return body
+                detail = response.text[:300]
+                if response.status_code not in RETRY_STATUSES:
+                    raise JudgeHTTPError(f"{self.url} answered HTTP {response.status_code}: {detail}",
+                                         response.status_code)
+                last = f"HTTP {response.status_code}: {detail}"
+                wait = max(wait, _retry_after(response) or 0.0)
             if attempt < self.max_retries:
-                time.sleep(self.backoff * (2 ** attempt))
-        raise JudgeBackendError(
+                await asyncio.sleep(wait)
+        raise JudgeUnavailableError(
             f"{self.url} failed after {self.max_retries + 1} attempts (timeout {self.timeout}s): {last}. "
             "Is the server running and reachable?"
         )
 
     async def _agenerate(self, payloads: list[dict]) -> list[dict]:
         sem = asyncio.Semaphore(self.max_concurrency)
+        async with self._client() as client:
+            tasks = [asyncio.ensure_future(self._post(client, sem, p)) for p in payloads]
+            try:
+                return await asyncio.gather(*tasks)
+            finally:  # the first failure ends the batch: do not leave its siblings retrying
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
-        async def one(p):
-            async with sem:
-                return await asyncio.to_thread(self._post, json.dumps(p).encode())
+    def post_all(self, payloads: list[dict]) -> list[dict]:
+        """POST every payload concurrently (capped, retried) and return the JSON bodies in order."""
+        return _run_async(self._agenerate(payloads))
 
-        return await asyncio.gather(*(one(p) for p in payloads))
-
+    # -- judge API ------------------------------------------------------------------------------
     def top_logprobs(self, requests, k=20):
         """One greedy token with `logprobs`/`top_logprobs` (as PaCo-RL queries its vLLM server)."""
         if not 1 <= k <= 20:
@@ -399,27 +475,26 @@ class OpenAIChatBackend(JudgeBackend):
             p.update(max_tokens=1, logprobs=True, top_logprobs=k)
             payloads.append(p)
         out = []
-        for resp in _run_async(self._agenerate(payloads)):
+        for resp in self.post_all(payloads):
             try:
                 content = (resp["choices"][0].get("logprobs") or {}).get("content") or []
                 top = (content[0].get("top_logprobs") or []) if content else []
                 out.append({t["token"]: float(t["logprob"]) for t in top})
-            except (KeyError, TypeError, IndexError, AttributeError) as exc:
-                raise JudgeBackendError(f"{self.url} returned no choices[0].logprobs: {str(resp)[:200]}") from exc
+            except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
+                raise JudgeResponseError(f"{self.url} returned no choices[0].logprobs: {str(resp)[:200]}") from exc
         return out  # an empty dict when the server sent no log-probabilities: the caller flags it
 
     def generate(self, requests, *, n=1, temperature=0.0, seed=0, max_new_tokens: int | None = None):
         _check_uniform(requests)
         payloads = [self.payload(r, n, temperature, seed, max_new_tokens) for r in requests]
-        responses = _run_async(self._agenerate(payloads))
         out = []
-        for resp in responses:
+        for resp in self.post_all(payloads):
             try:
                 # finish_reason 'length': the server stopped at max_tokens (OpenAI / vLLM / SGLang)
                 texts = [Completion(c["message"]["content"] or "", truncated=c.get("finish_reason") == "length")
                          for c in resp["choices"]]
-            except (KeyError, TypeError, IndexError) as exc:
-                raise JudgeBackendError(f"{self.url} returned no choices[].message.content: {str(resp)[:200]}") from exc
+            except (KeyError, TypeError, IndexError, AttributeError) as exc:
+                raise JudgeResponseError(f"{self.url} returned no choices[].message.content: {str(resp)[:200]}") from exc
             out.append(texts[:n] + [""] * max(0, n - len(texts)))  # missing samples parse as NaN
         return out
 
