@@ -165,6 +165,30 @@ class TestQwenImage(AdapterConformance):
                     width=self.width, output_type=output_type, **true_cfg).images
 
 
+
+class TestQwenImage21(AdapterConformance):
+    """QwenImage21Pipeline (Qwen-Image-2.1): one prompt per pipeline call (the adapter runs each prompt length
+    unpadded, which is what a one-prompt call does), the uncached forward (use_kv_cache=False); the RGBA decode is
+    compared after compositing the pipeline's RGBA over white here (rgb * a + 1 - a)."""
+
+    family = "qwen_image21"
+    height = width = 64  # 4x4 latent tokens at the VAE's 16x
+    max_sequence_length = None
+
+    def build(self, folder: Path) -> None:
+        from mmreward.testing.tiny_qwen_image21 import save_tiny_qwen_image21_pipeline
+
+        save_tiny_qwen_image21_pipeline(folder, seed=0)
+
+    def pipeline_sample(self, pipe, prompts, x0, output_type, guidance_scale):
+        cfg = {"negative_prompt": " ", "true_cfg_scale": guidance_scale} if guidance_scale > 1 else {}
+        out = torch.cat([pipe(prompt=str(p), latents=x0[i:i + 1].clone(), num_inference_steps=self.steps,
+                              height=self.height, width=self.width, use_kv_cache=False, output_type=output_type,
+                              **cfg).images for i, p in enumerate(prompts)])
+        if output_type == "latent":
+            return out
+        return out[:, :3] * out[:, 3:] + (1 - out[:, 3:])
+
 class TestZImage(AdapterConformance):
     family = "z_image"
     max_sequence_length = 32

@@ -99,6 +99,7 @@ from diffusion_rl.adapters import (  # noqa: E402, F401
     hunyuan_video15,  # HunyuanVideo15Pipeline, HunyuanVideo15ImageToVideoPipeline (HunyuanVideo 1.5)
     ltx2,  # LTX2Pipeline (LTX-2: video with audio)
     qwen_image,  # QwenImagePipeline (Qwen-Image text-to-image)
+    qwen_image21,  # QwenImage21Pipeline (Qwen-Image-2.1 text-to-image)
     qwen_image_edit_plus,  # QwenImageEditPlusPipeline (Qwen-Image-Edit-2509/2511: multi-image edits)
     wan22,  # Wan 2.2 (WanImageToVideoPipeline)
     z_image,  # ZImagePipeline (Z-Image, Z-Image-Turbo)
