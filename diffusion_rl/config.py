@@ -275,9 +275,18 @@ class RewardConfig:
     pairwise: str | None = _f(None, "Pref-GRPO: the reward whose `compare` judges pairs (default: the first reward)")
     both_orders: bool = _f(True, "Pref-GRPO: judge every pair in both positions to cancel position bias")
     win_mode: str = _f("hard", "Pref-GRPO: 'hard' wins (1/0/0.5) or 'soft' probabilities")
+    overlap: bool = _f(False, "score each rollout chunk in a background thread while the next one is generated "
+                              "(same scores as without; see docs/remote_rewards.md)")
+    remote: dict[str, dict] = _f({}, "reward name -> where it runs instead of in the trainer: {url: http://HOST:PORT "
+                                     "(mmreward serve), token_env, timeout_s, retries} or a local pool {replicas, "
+                                     "devices} (see docs/remote_rewards.md)")
 
     def __post_init__(self) -> None:
         _validate_types(self, "reward")
+        if self.remote:
+            from diffusion_rl.remote_rewards import parse_remote_specs
+
+            parse_remote_specs(self.remote, used=set(self.rewards) | set(self.eval_rewards or []) | {self.pairwise})
         if not self.rewards:
             # no silent default: a run on a placeholder reward looks like a run and learns nothing
             raise ConfigError(

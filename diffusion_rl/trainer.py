@@ -44,11 +44,10 @@ from diffusion_rl.losses import gaussian_kl, normalized_log_ratio, ppo_clip_loss
 from diffusion_rl.pipelines import PromptEmbeds, adapter_for_config, check_reward_modalities, run_pipeline
 from diffusion_rl.policy import Policy
 from diffusion_rl.probe import Probe
-from diffusion_rl.rewards import load_run_rewards
+from diffusion_rl.rewards import RolloutScorer, load_run_rewards
 from diffusion_rl.rollout import RolloutBatch, Trajectory, rollout, step_log_prob
 from diffusion_rl.truncation_notice import TruncationNotice
 from mmreward.errors import ConfigError
-from mmreward.prompt_sources import score_with_metadata
 
 
 class Trainer:
@@ -75,6 +74,8 @@ class Trainer:
         self.run_id = (resume[1].get("run_id") if resume else None) or run_folder.new_run_id()
         self.resumed_from = str(resume[0]) if resume else None
         self.rewards = load_run_rewards(cfg, acc.device)
+        # scores each rollout chunk as it is generated; reward.overlap: in a background thread (rewards.py)
+        self.scorer = RolloutScorer(self.rewards.train, self.train_prompts, overlap=cfg.reward.overlap)
         pipeline = run_pipeline(cfg.model, acc.device, pipeline)
         self.adapter = adapter_for_config(pipeline, cfg.model)
         check_reward_modalities(self.adapter, self.rewards.by_name(), self.train_prompts, self.eval_prompts)
@@ -126,19 +127,19 @@ class Trainer:
         slot_prompts, prompts, slots, sample_ids = self.local_prompts(it)
         embeds, sde = self.embeds_for(prompts), sharding.sde_steps(cfg.sample, cfg.train.seed, it)
         model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
-        parts = []
+        parts, scoring = [], self.scorer.begin()
         for start in range(0, len(slots), cfg.sample.batch_size):
             sl = slice(start, start + cfg.sample.batch_size)
-            with acc.autocast():
+            with acc.autocast(), scoring.cancel_on_error():
                 parts.append((branching.branched_rollout if cfg.sample.branching else rollout)(
                     self.adapter, embeds.index(sl), slots[sl], sample_ids[sl], num_steps=cfg.sample.num_steps,
                     guidance_scale=cfg.sample.guidance_scale, kernel=self.kernel, sde_steps=sde, seed=cfg.train.seed,
                     epoch=it, share_initial_noise=cfg.sample.share_initial_noise, model=model,
                     store_means=cfg.train.ratio_norm, ode_solver=cfg.sample.ode_solver, antithetic=cfg.sample.antithetic_noise,
                     **memory.rollout_kwargs(cfg.sample, self.adapter)))
+            scoring.submit(prompts[sl], parts[-1].images)  # scored now, or (overlap) while the next chunk rolls out
         traj = Trajectory.cat(parts)
-        rewards = {name: score_with_metadata(r, prompts, traj.images, self.train_prompts).scores.float().to(acc.device)
-                   for name, r in self.rewards.train.items()}
+        rewards = scoring.result(acc.device)
         order = sharding.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
         train_steps = sharding.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)
         w = branching.step_weights(cfg.sample, cfg.train.noise_aware_weight, self.adapter, self.kernel, traj.schedule)
