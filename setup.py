@@ -10,5 +10,6 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["mmreward*", "diffusion_rl*", "vlm_rm*"]), "mmreward._assets"],
     package_dir={"mmreward._assets": "assets"},
-    package_data={"mmreward._assets": ["**/*"]},
+    package_data={"mmreward._assets": ["**/*"], "mmreward": ["py.typed"], "diffusion_rl": ["py.typed"],
+                  "vlm_rm": ["py.typed"]},
 )

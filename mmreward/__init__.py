@@ -7,11 +7,14 @@
 
 from mmreward.dependency_versions import check_installed_versions
 from mmreward.errors import (
+    CardOptionError,
     CheckpointError,
     ConfigError,
+    DeviceError,
     MediaError,
     MissingExtraError,
     MMRewardError,
+    OutputError,
     RewardInputError,
     RewardValueError,
     UnknownOptionError,
@@ -26,11 +29,14 @@ from mmreward.types import PairwiseOutput, ResponseReward, Reward, RewardOutput 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CardOptionError",
     "CheckpointError",
     "ConfigError",
+    "DeviceError",
     "MMRewardError",
     "MediaError",
     "MissingExtraError",
+    "OutputError",
     "PairwiseOutput",
     "ResponseReward",
     "Reward",

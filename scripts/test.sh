@@ -9,6 +9,9 @@ if ! command -v tesseract >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/python -m ruff check .
+# the docs site, warnings as errors: a broken link or a stale generated reference page fails here
+DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --quiet \
+  --site-dir "$(mktemp -d)"
 # two workers (one per core), a test file per worker so session tiny pipelines are built once per file group;
 # the slowest tests are listed so they stay visible
 .venv/bin/python -m pytest -q -n "${MMREWARD_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"
