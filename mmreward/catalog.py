@@ -36,7 +36,7 @@ TINY_OPEN_CLIP_CFG: dict[str, Any] = {
 
 
 def _values(*names: str) -> dict[str, str]:
-    """Card options that are plain data tuning the score (see RewardSpec.card_options and README's Security)."""
+    """Card options that are plain data tuning the score (see RewardSpec.card_options and docs/explanation/security.md)."""
     return {n: "value" for n in (*names, "micro_batch_size")}
 
 
