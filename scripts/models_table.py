@@ -26,6 +26,7 @@ HUB_FAMILY = {
     # Wan 2.2 A14B T2V is a WanPipeline (the "wan" row; tests/test_recipes.py builds its two-expert tiny as "wan22")
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan", "Wan-AI/Wan2.2-I2V-A14B-Diffusers": "wan_i2v",
     "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan_video15", "Lightricks/LTX-2": "ltx2",
+    "Qwen/Qwen-Image-2.1": "qwen_image21",
 }
 
 
@@ -53,7 +54,8 @@ NOTES = {"wan": "Wan 2.1; Wan 2.2 A14B's two experts (`transformer_2`, `boundary
          "wan_i2v": "Wan 2.1 I2V (CLIP image embeds) and Wan 2.2 I2V-A14B (two experts)",
          "flux2": "guidance embedding; reference images as edit records",
          "flux2_klein": "true CFG, or none when step-distilled", "z_image": "`model.cfg_normalization`, "
-         "`model.cfg_truncation`", "qwen_image": "true CFG with the norm rescale"}
+         "`model.cfg_truncation`", "qwen_image": "true CFG with the norm rescale",
+         "qwen_image21": "plain true CFG; one forward per prompt length; RGBA composited over white"}
 
 
 def _tests(family: str) -> list[str]:

@@ -28,7 +28,8 @@ FAMILY = {"stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/F
           "Qwen/Qwen-Image-2512": "qwen_image", "black-forest-labs/FLUX.2-dev": "flux2",
           # Wan 2.2 A14B: the same WanPipeline class as Wan 2.1, with transformer_2 (its own tiny builder and adapter)
           "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan22", "Wan-AI/Wan2.2-I2V-A14B-Diffusers": "wan_i2v",
-          "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan_video15", "Lightricks/LTX-2": "ltx2"}
+          "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan_video15", "Lightricks/LTX-2": "ltx2",
+          "Qwen/Qwen-Image-2.1": "qwen_image21"}
 VIDEO = {"hunyuan_video", "wan", "cogvideox", "ltx", "wan22", "wan_i2v", "hunyuan_video15", "ltx2"}
 # the tiny pipelines' geometry where it differs from the default 5 frames of 32 x 32 (VAE factors of each builder)
 TINY_VIDEO = {"ltx": (9, 32), "wan22": (9, 32), "wan_i2v": (9, 32), "hunyuan_video15": (5, 16), "ltx2": (9, 32)}
@@ -116,6 +117,10 @@ def tiny_family_dirs(tmp_path_factory):
             from mmreward.testing.tiny_hunyuan_video15 import save_tiny_hunyuan_video15
 
             cache[family] = save_tiny_hunyuan_video15(root / family)
+        if family not in cache and family == "qwen_image21":  # QwenImage21Pipeline (own builder)
+            from mmreward.testing.tiny_qwen_image21 import save_tiny_qwen_image21_pipeline
+
+            cache[family] = save_tiny_qwen_image21_pipeline(root / family)
         if family not in cache and family == "ltx2":
             from mmreward.testing.tiny_ltx2 import save_tiny_ltx2_pipeline
 
@@ -148,6 +153,8 @@ def _shrink(recipe: Path, tiny: Path, family: str, out: Path) -> list[str]:
         o.append("prompts.train=" + ("[a cat]" if ddpo else "[a red circle, a blue square]"))
     if family in TINY_MSL:  # the tiny text encoder's length
         o.append(f"model.max_sequence_length={TINY_MSL[family]}")
+    if family == "qwen_image21":  # sizes are multiples of 32 (the VAE's 16 x the 2x2 image-slot groups)
+        o += ["model.height=32", "model.width=32"]
     if family in VIDEO:  # short clips on the VAE grid, scored by a video reward
         frames, size = TINY_VIDEO.get(family, (5, 32))
         o += [f"model.num_frames={frames}", f"model.height={size}", f"model.width={size}",

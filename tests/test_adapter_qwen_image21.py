@@ -1,0 +1,90 @@
+"""Qwen-Image-2.1 (QwenImage21Adapter) beyond the conformance suite (tests/test_adapter_conformance.py): a prompt's
+prediction does not depend on the other prompts of the batch, the pipeline's configured `sample_sigmas` are the
+schedule when their length is the step count, and bad inputs are typed errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tolerances import assert_close_scaled
+
+from diffusion_rl.pipelines import load_pipeline, make_adapter
+from mmreward.errors import ConfigError
+
+SHORT, LONG = "a cat", "a red circle on the left of a blue square"
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    from mmreward.testing.tiny_qwen_image21 import save_tiny_qwen_image21_pipeline
+
+    folder = save_tiny_qwen_image21_pipeline(tmp_path_factory.mktemp("qi21") / "pipe", seed=0)
+    return load_pipeline(str(folder))
+
+
+def _pipeline_way(pipe, prompt: str, x: torch.Tensor, t: float) -> torch.Tensor:
+    """The transformer called as QwenImage21Pipeline.__call__ calls it for a one-prompt batch (diffusers 0.42.1:
+    encode_prompt, img_mask + one slot per 2x2 target group, timestep / 1000, the last target tokens kept)."""
+    pe, mask, pad_mask = pipe.encode_prompt(prompt=[prompt], device="cpu")
+    img_mask = torch.cat([pad_mask, pad_mask.new_ones(1, x.shape[1] // 4)], dim=1)
+    side = int(x.shape[1] ** 0.5)
+    out = pipe.transformer(hidden_states=x, timestep=torch.tensor([t]) / 1000, encoder_hidden_states=pe,
+                           encoder_hidden_states_mask=mask, img_shapes=[[(1, side, side)]], img_mask=img_mask,
+                           return_dict=False)[0]
+    return out[:, -x.shape[1]:]
+
+
+@torch.no_grad()
+def test_each_prompt_is_predicted_as_if_alone_whatever_the_batch(pipe):
+    adapter = make_adapter(pipe, 64, 64)
+    emb = adapter.encode([LONG, SHORT, LONG])
+    lengths = emb.tensors["prompt_embeds_mask"].sum(1).tolist()
+    assert lengths[0] == lengths[2] != lengths[1]  # two prompt lengths in one batch
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, *adapter.latent_shape(), generator=gen)
+    t = torch.tensor([900.0, 500.0, 200.0])
+    out = adapter._forward(adapter.denoiser, x, t, emb, 1.0)
+    for i, prompt in enumerate([LONG, SHORT, LONG]):
+        ref = _pipeline_way(pipe, prompt, x[i:i + 1], float(t[i]))
+        assert_close_scaled(out[i:i + 1], ref, rel=1e-5)
+    # why the adapter groups by length: the pipeline's own padded batch moves the shorter prompt's image positions
+    pe, mask, pad_mask = pipe.encode_prompt(prompt=[LONG, SHORT], device="cpu")
+    img_mask = torch.cat([pad_mask, pad_mask.new_ones(2, x.shape[1] // 4)], dim=1)
+    padded = pipe.transformer(hidden_states=x[:2], timestep=t[:2] / 1000, encoder_hidden_states=pe,
+                              encoder_hidden_states_mask=mask, img_shapes=[[(1, 4, 4)]] * 2, img_mask=img_mask,
+                              return_dict=False)[0][:, -x.shape[1]:]
+    alone = _pipeline_way(pipe, SHORT, x[1:2], float(t[1]))
+    assert float((padded[1:2] - alone).abs().max()) > 1e-3 * float(alone.abs().max())
+
+
+def test_schedule_is_the_pipelines_sample_sigmas_when_their_length_is_the_step_count(pipe):
+    adapter = make_adapter(pipe, 64, 64)
+    pipe.register_to_config(sample_sigmas=[1.0, 0.7, 0.4])
+    try:
+        # the pipeline's own call with its configured sigmas (num_inference_steps is then ignored, as documented)
+        pipe(prompt=SHORT, height=64, width=64, num_inference_steps=9, output_type="latent")
+        expected = pipe.scheduler.sigmas.double().clone()
+        got = adapter.schedule(3)
+        torch.testing.assert_close(got.a, expected[:-1], rtol=0, atol=1e-7)
+        torch.testing.assert_close(got.b, expected[1:], rtol=0, atol=1e-7)
+        # another step count: linspace(1, 1/N, N), what the pipeline samples when called with those sigmas
+        pipe(prompt=SHORT, height=64, width=64, sigmas=list(np.linspace(1.0, 1 / 4, 4)), output_type="latent")
+        torch.testing.assert_close(adapter.schedule(4).a, pipe.scheduler.sigmas.double()[:-1], rtol=0, atol=1e-7)
+    finally:
+        pipe.register_to_config(sample_sigmas=None)
+
+
+def test_bad_inputs_are_config_errors(pipe, tmp_path):
+    from PIL import Image
+
+    from mmreward.edit import EditPrompt
+
+    with pytest.raises(ConfigError, match="multiples of 32"):
+        make_adapter(pipe, 48, 64)
+    src = tmp_path / "src.png"
+    Image.new("RGB", (32, 32)).save(src)
+    with pytest.raises(ConfigError, match="source image"):
+        make_adapter(pipe, 64, 64).encode([EditPrompt("make it blue", src)])
+    with pytest.raises(ConfigError, match="max_sequence_length"):
+        make_adapter(pipe, 64, 64, max_sequence_length=4).encode([LONG])
