@@ -329,7 +329,7 @@ class AdvantageConfig:
 class TrainConfig:
     algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), "
                          "dpo (online Diffusion-DPO), raft (reward-ranked fine-tuning), awm (advantage-weighted "
-                         "matching) or refl (ReFL: reward on a "
+                         "matching), dgpo (group DPO), crd (centred reward distillation) or refl (ReFL: reward on a "
                          "one-step x0 prediction at a random late step)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
@@ -369,6 +369,18 @@ class TrainConfig:
     dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
     raft_top_k: int = _f(1, "raft: samples of each group kept (the k highest rewards) and fine-tuned on")
     awm_adv_clip: float = _f(1.0, "awm: advantages are clipped to [-awm_adv_clip, awm_adv_clip] (Flow-Factory adv_clip_range)")
+    dgpo_timesteps: int = _f(4, "dgpo: schedule steps trained per iteration, shared by every sample, drawn from the "
+                             "noisiest train.timestep_fraction of sample.num_steps (the group loss uses train.dpo_beta)")
+    crd_beta: float = _f(1.0, "crd: beta of the centred reward matching (beta R_theta_c - R_c)^2")
+    crd_loss: str = _f("mse", "crd: 'mse' or 'bce' matching of the centred implicit and external rewards")
+    crd_weight_temp: float = _f(-1.0, "crd: centring weights: < 0 the group mean, > 0 dual softmax(+-u / T), 0 hard")
+    crd_adaptive_logp: bool = _f(True, "crd: divide each squared velocity error by its mean absolute value")
+    crd_old_decay: list[float] = _f([0.0, 0.25, 0.005, 0.999], "crd: [start, d0, slope, end] of the old copy's soft "
+                                    "update copy <- d copy + (1 - d) theta, d = min(d0 + slope (step - start), end)")
+    crd_sampling_decay: list[float] = _f([75.0, 0.0, 0.0075, 0.999], "crd: [start, d0, slope, end] of the sampling "
+                                         "copy's soft update (as crd_old_decay)")
+    crd_kl_cfg: float = _f(4.5, "crd: CFG scale of the reference velocity in the KL term")
+    crd_reward_adaptive_kl: bool = _f(True, "crd: scale each sample's KL by 1e-4 / kl_beta + u (1 - 1e-4 / kl_beta)")
     refl_step_range: list[float] = _f([0.75, 1.0], "refl: the step with grad is drawn uniformly from the step indices "
                                       "[floor(lo T), ceil(hi T) - 1] of the T sampling steps (ReFL.py: 30..39 of 40)")
     refl_loss: str = _f("relu", "refl: phi of the loss lambda phi(margin - reward): 'relu' (ReFL.py) or 'identity'")
@@ -392,7 +404,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _validate_types(self, "train")
         _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft",
-                                                    "refl", "awm"])
+                                                    "refl", "awm", "dgpo", "crd"])
+        _positive("train.dgpo_timesteps", self.dgpo_timesteps)
+        _positive("train.crd_beta", self.crd_beta)
+        _choice("train.crd_loss", self.crd_loss, ["mse", "bce"])
+        for key in ("crd_old_decay", "crd_sampling_decay"):
+            sched = getattr(self, key)
+            if len(sched) != 4 or sched[0] < 0 or not all(0 <= v <= 1 for v in (sched[1], sched[3])) or sched[2] < 0:
+                raise ConfigError(f"train.{key} must be [start >= 0, d0 in [0, 1], slope >= 0, end in [0, 1]], "
+                                  f"got {sched}")
         _positive("train.awm_adv_clip", self.awm_adv_clip)
         _positive("train.dpo_beta", self.dpo_beta)
         _positive("train.raft_top_k", self.raft_top_k)
@@ -533,7 +553,7 @@ class RunConfig:
                 raise ConfigError(f"config section '{f.name}' must be a {_SECTION_CLASSES[f.name].__name__}, "
                                   f"got {type(section).__name__}")
         algo = self.train.algorithm
-        if algo in ("grpo", "pref_grpo", "nft", "dpo", "raft", "awm") and self.sample.group_size < 2:
+        if algo in ("grpo", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd") and self.sample.group_size < 2:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
                 f"got {self.sample.group_size}"
@@ -589,7 +609,7 @@ class RunConfig:
 
 
 # methods that sample without SDE likelihoods (any ODE solver) and bring their own iteration
-_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl", "awm")
+_FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl", "awm", "dgpo", "crd")
 
 _SECTION_CLASSES = {
     "model": ModelConfig, "sample": SampleConfig, "reward": RewardConfig, "advantage": AdvantageConfig,

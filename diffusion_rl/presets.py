@@ -203,5 +203,38 @@ FORWARD_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+GROUP_PREFERENCE_PRESETS: dict[str, dict[str, Any]] = {
+    # DGPO (X-GenGroup/Flow-Factory@5f6cda1 examples/dgpo/lora/sd3_5/default.yaml, the port of Luo-Yihong/DGPO
+    # config/dgpo.py pickscore_sd3_4gpu): beta 10, 4 shared steps of the noisiest 60% of 10, shared group noise,
+    # DSM clip 0.05, adv clip 5, velocity KL 1e-3, group 24, 24 prompts, global-std advantages, guidance 4.5,
+    # one optimizer step per iteration, lr 3e-4, weight decay 1e-4, grad norm 1, LoRA r64 / a128
+    "dgpo": {
+        "train": {"algorithm": "dgpo", "dpo_beta": 10.0, "dgpo_timesteps": 4, "timestep_fraction": 0.6,
+                  "clip_range": 0.05, "kl_beta": 1e-3, "kl_reference": "adapter", "learning_rate": 3e-4,
+                  "weight_decay": 1e-4, "max_grad_norm": 1.0, "num_inner_epochs": 1, "num_minibatches": 1},
+        "sample": {"num_steps": 10, "eval_num_steps": 14, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler",
+                   "group_size": 24, "prompts_per_iteration": 24, "guidance_scale": 4.5},
+        "advantage": {"std_scope": "global", "unbiased": False, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 64, "lora_alpha": 128},
+    },
+    # CRD (X-GenGroup/Flow-Factory@5f6cda1 examples/crd/lora/sd3_5/default.yaml, the paper's Table 3 OCR setting):
+    # beta 1, mse, uniform centring, adaptive logp, old decay 0-0.25-0.005-0.999, sampling decay
+    # 75-0.0-0.0075-0.999, KL 0.1 to the reference at CFG 4.5 (reward-adaptive), adv clip 5, global-std
+    # advantages, 10 steps at guidance 1, group 24, 48 prompts, 2 optimizer steps per iteration, lr 3e-4, weight
+    # decay 1e-4, grad norm 1, LoRA r32 / a64; the noisiest 99% of the steps trained
+    "crd": {
+        "train": {"algorithm": "crd", "crd_beta": 1.0, "crd_loss": "mse", "crd_weight_temp": -1.0,
+                  "crd_adaptive_logp": True, "crd_old_decay": [0.0, 0.25, 0.005, 0.999],
+                  "crd_sampling_decay": [75.0, 0.0, 0.0075, 0.999], "crd_kl_cfg": 4.5, "crd_reward_adaptive_kl": True,
+                  "kl_beta": 0.1, "kl_reference": "adapter", "timestep_fraction": 0.99, "learning_rate": 3e-4,
+                  "weight_decay": 1e-4, "max_grad_norm": 1.0, "num_inner_epochs": 1, "num_minibatches": 2},
+        "sample": {"num_steps": 10, "eval_num_steps": 40, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler",
+                   "group_size": 24, "prompts_per_iteration": 48, "guidance_scale": 1.0},
+        "advantage": {"std_scope": "global", "unbiased": False, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
+    },
+}
+
 PRESETS: dict[str, dict[str, Any]] = {**GRPO_PRESETS, **PREF_GRPO_PRESETS, **DDPO_PRESETS, **DRAFT_PRESETS,
-                                      **NFT_PRESETS, **FORWARD_PRESETS}
+                                      **NFT_PRESETS, **FORWARD_PRESETS,
+                                      **GROUP_PREFERENCE_PRESETS}

@@ -1,7 +1,7 @@
 """One readable file per method. A policy-gradient method (GRPO, Pref-GRPO, DDPO) is the advantage
 computation that distinguishes it: `advantages(batch, order) -> (this process's advantages, metrics)`, where
 `order` gathers rewards from every process in canonical order; the PPO update is shared in
-`diffusion_rl.trainer`. DRaFT/AlignProp and ReFL backpropagate the reward instead; DiffusionNFT, Diffusion-DPO, RAFT and AWM train on the
+`diffusion_rl.trainer`. DRaFT/AlignProp and ReFL backpropagate the reward instead; DiffusionNFT, Diffusion-DPO, RAFT, AWM, DGPO and CRD train on the
 forward process; they bring their own `iteration`.
 None of them sees the trainer. The papers' presets are in `diffusion_rl.presets`."""
 
@@ -12,7 +12,9 @@ from typing import Any, Protocol
 import torch
 
 from diffusion_rl.algorithms.awm import AWM
+from diffusion_rl.algorithms.crd import CRD
 from diffusion_rl.algorithms.ddpo import DDPO
+from diffusion_rl.algorithms.dgpo import DGPO
 from diffusion_rl.algorithms.dpo import DiffusionDPO
 from diffusion_rl.algorithms.draft import DRaFT
 from diffusion_rl.algorithms.grpo import GRPO
@@ -49,10 +51,14 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
         return RAFT(cfg, rewards)
     if name == "awm":
         return AWM(cfg, rewards)
+    if name == "dgpo":
+        return DGPO(cfg, rewards)
+    if name == "crd":
+        return CRD(cfg, rewards)
     if name == "refl":
         return ReFL(cfg, rewards)  # a DRaFT subclass: the trainer runs its own iteration
     return DRaFT(cfg, rewards)
 
 
-__all__ = ["AWM", "DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
+__all__ = ["AWM", "CRD", "DGPO", "DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
            "ReFL", "make_algorithm"]
