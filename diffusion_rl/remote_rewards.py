@@ -279,7 +279,8 @@ class RewardWorker:
 
     def start(self) -> str:
         """Serve in a background thread; returns the base URL (a reward's URL is base/NAME)."""
-        self._thread = threading.Thread(target=self.server.serve_forever, name="reward-worker", daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="reward-worker",
+                                        daemon=True)
         self._thread.start()
         return self.url
 
