@@ -75,6 +75,7 @@ class ServeConfig:
     num_replicas: int = 1
     num_gpus: float = 0.0  # per replica
     num_cpus: float = 1.0  # per replica
+    runtime_env: dict[str, Any] | None = None  # Ray runtime_env of each replica (pip, env_vars): conflicting deps
     # the HTTP front end (mmreward.serve_http): what an unauthenticated client can make the server hold
     max_header_line_bytes: int = 8192  # request line and each header line (414 / 431)
     max_headers: int = 100  # header fields per request (431)
@@ -350,10 +351,280 @@ def merge_results(results: list[dict]) -> tuple[dict, int]:
 
 
 # ----------------------------------------------------------------------------------------------
+# the scorer protocol of flow_grpo's reward servers and verl-omni's HTTP scorer, over JSON
+# ----------------------------------------------------------------------------------------------
+# flow_grpo (yifan123/flow_grpo@ac4c86e flow_grpo/rewards.py, e.g. unifiedreward_score_remote) and verl-omni
+# (verl-project/verl-omni@a1139ba verl_omni/utils/reward_score/http_scorer_client.py, docs/start/http_scorer.md)
+# POST `pickle.dumps({"images": [JPEG bytes], "prompts": [str], "metadata": {}})` to the server URL and read
+# `pickle.loads(body)["outputs"]` (flow_grpo) or `["scores"]` (verl-omni), `{"error": ...}` on failure.
+# Unpickling a request runs arbitrary code, so this server never does: it takes the same fields as a JSON
+# object, each image's encoded file as a base64 string, and answers both keys.
+SCORER_ROUTES = ("", "scorer")  # POST / (flow_grpo posts to the server root) and POST /scorer
+SCORER_KEYS = ("images", "prompts", "metadata")
+MAX_IMAGE_PIXELS = 8192 * 8192  # per decoded image: a small PNG may declare a huge canvas (decompression bomb)
+
+
+def decode_image(data: Any, what: str) -> torch.Tensor:
+    """A base64 string (optionally a data URL) of a PNG/JPEG/WebP file -> (3, H, W) float32 in [0, 1].
+
+    The header is read first and an image above MAX_IMAGE_PIXELS is refused before its pixels are decoded.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(data, str):
+        raise RewardInputError(f"{what}: expected a base64 string of an encoded image (PNG/JPEG), "
+                               f"got {type(data).__name__}")
+    if data.startswith("data:"):
+        data = data.partition(",")[2]
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as exc:
+        raise RewardInputError(f"{what}: not valid base64 ({exc})") from None
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            if im.format not in ("PNG", "JPEG", "WEBP"):
+                raise RewardInputError(f"{what}: image format {im.format} not accepted; send PNG, JPEG or WebP")
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise RequestTooLargeError(f"{what}: {im.width}x{im.height} image exceeds {MAX_IMAGE_PIXELS} pixels")
+            arr = np.asarray(im.convert("RGB"))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt files
+        if isinstance(exc, MMRewardError):
+            raise
+        raise RewardInputError(f"{what}: not a readable PNG/JPEG/WebP image ({type(exc).__name__})") from None
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
+def prepare_scorer_request(payload: dict, reward: Reward, *, max_items: int, request_id: int) -> list[Item]:
+    """flow_grpo / verl-omni fields -> validated Items (one per image; images may differ in size)."""
+    unknown = sorted(set(payload) - set(SCORER_KEYS))
+    if unknown:
+        raise BadRequestError(f"scorer: unknown keys {unknown[:5]}; the body takes {list(SCORER_KEYS)} "
+                              "(images as base64 strings of encoded image files)")
+    images = payload.get("images")
+    if not isinstance(images, list) or not images:
+        raise BadRequestError("scorer: 'images' must be a non-empty list of base64-encoded PNG/JPEG files")
+    if len(images) > max_items:
+        raise RequestTooLargeError(f"request has {len(images)} items; max_request_items={max_items}. "
+                                   "Split it into smaller requests.")
+    metadata = payload.get("metadata")
+    if metadata is not None and not isinstance(metadata, (dict, list)):
+        raise BadRequestError(f"scorer: 'metadata' must be an object or a list, got {type(metadata).__name__}")
+    media = [validate_media(decode_image(x, f"images[{i}]")[None], f"images[{i}]", reward)[0]
+             for i, x in enumerate(images)]
+    prompts = normalize_prompts(payload.get("prompts"), len(media), required=reward.requires_prompt)
+    return [Item(request_id, p, (m,)) for p, m in zip(prompts, media)]
+
+
+def scorer_body(body: dict) -> dict:
+    """Our /score answer in the scorer protocol: `scores` (verl-omni) and the same list as `outputs` (flow_grpo)."""
+    return {"scores": body["scores"], "outputs": body["scores"], "details": body.get("details", {})}
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics and dynamic batching (pure asyncio; no Ray)
+# ----------------------------------------------------------------------------------------------
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile by the nearest-rank rule: the smallest value with at least q% of values <= it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q / 100.0 * len(ordered)), 1) - 1]
+
+
+class ServeMetrics:
+    """What GET /metrics reports for one replica: queue depth, requests in flight, batch sizes, latencies.
+
+    Latencies (ms, request read to answer) and batch sizes are kept for the last `window` requests/batches.
+    """
+
+    def __init__(self, window: int = 4096) -> None:
+        self.started = time.monotonic()
+        self.queue_depth = 0  # items waiting for a batch
+        self.in_flight = 0  # requests being served
+        self.requests: dict[str, int] = {}  # by route
+        self.statuses: dict[str, int] = {}  # by HTTP status
+        self.latency_ms: deque[float] = deque(maxlen=window)
+        self.batch_sizes: deque[int] = deque(maxlen=window)
+        self.batches = self.items = 0
+
+    def record_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests[route] = self.requests.get(route, 0) + 1
+        self.statuses[str(status)] = self.statuses.get(str(status), 0) + 1
+        self.latency_ms.append(seconds * 1000.0)
+
+    def record_batch(self, size: int) -> None:
+        self.batches += 1
+        self.items += size
+        self.batch_sizes.append(size)
+
+    def snapshot(self) -> dict:
+        lat, sizes = list(self.latency_ms), list(self.batch_sizes)
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 3), "queue_depth": self.queue_depth,
+            "in_flight_requests": self.in_flight, "requests": dict(self.requests), "statuses": dict(self.statuses),
+            "batches": {"count": self.batches, "items": self.items, "window": len(sizes),
+                        "mean_size": sum(sizes) / len(sizes) if sizes else None,
+                        "max_size": max(sizes, default=None), "p50_size": nearest_rank(sizes, 50)},
+            "latency_ms": {"window": len(lat), "mean": sum(lat) / len(lat) if lat else None,
+                           "p50": nearest_rank(lat, 50), "p90": nearest_rank(lat, 90), "p99": nearest_rank(lat, 99)},
+        }
+
+
+class MicroBatcher:
+    """Merges the items of concurrent requests into reward calls of up to `max_batch_size` items, waiting at
+    most `wait_s` for a batch to fill; `fn(items) -> [result per item]` (score_items: never raises) runs in a
+    worker thread, one call at a time across the batchers sharing `lock`, so the event loop keeps reading
+    requests while the reward runs."""
+
+    def __init__(self, fn: Callable[[list[Item]], list[dict]], max_batch_size: int, wait_s: float,
+                 metrics: ServeMetrics, lock: asyncio.Lock | None = None) -> None:
+        self.fn, self.max_batch_size, self.wait_s, self.metrics = fn, max_batch_size, wait_s, metrics
+        self.lock = lock or asyncio.Lock()  # binds to the serving loop on first use (Python >= 3.10)
+        self._queue: asyncio.Queue | None = None
+        self._worker: asyncio.Task | None = None
+
+    async def submit(self, items: Sequence[Item]) -> list[dict]:
+        loop = asyncio.get_running_loop()
+        if self._queue is None:  # created in the loop that serves (a Ray replica's, or the front end's)
+            self._queue = asyncio.Queue()
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._run())
+        futures = [loop.create_future() for _ in items]
+        for it, fut in zip(items, futures):
+            self._queue.put_nowait((it, fut))
+        self.metrics.queue_depth += len(items)
+        return list(await asyncio.gather(*futures))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            deadline = loop.time() + self.wait_s
+            while len(batch) < self.max_batch_size:
+                if not queue.empty():
+                    batch.append(queue.get_nowait())
+                    continue
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), left))
+                except asyncio.TimeoutError:
+                    break
+            self.metrics.queue_depth -= len(batch)
+            self.metrics.record_batch(len(batch))
+            async with self.lock:
+                try:
+                    results = await asyncio.to_thread(self.fn, [it for it, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - score_items does not raise; a bug must not hang clients
+                    _log.error("batch failed", exc_info=exc)
+                    results = [{"error": error_message(exc), "status": 500}] * len(batch)
+            for (_, fut), result in zip(batch, results):
+                if not fut.done():  # a client that went away cancelled its future
+                    fut.set_result(result)
+
+
+# ----------------------------------------------------------------------------------------------
+# the application: routes, auth, batching, metrics (no Ray; the Ray deployment and engine="local" share it)
+# ----------------------------------------------------------------------------------------------
+def _route(path: str) -> str:
+    return path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] if path.split("?", 1)[0].rstrip("/") else ""
+
+
+def query_token(target: str) -> str | None:
+    """`token=` in the query string of a scorer URL (flow_grpo and verl-omni clients send no headers)."""
+    from urllib.parse import parse_qs
+
+    values = parse_qs(target.partition("?")[2]).get("token")
+    return values[0] if values and len(values) == 1 else None
+
+
+def token_ok(expected: str | None, authorization: str | None, target: str) -> bool:
+    """The bearer token, or for the scorer routes the URL's `?token=`; constant-time comparisons."""
+    if expected is None:
+        return True
+    if authorization is not None and hmac.compare_digest(authorization.encode("latin-1", "replace"),
+                                                         f"Bearer {expected}".encode()):
+        return True
+    given = query_token(target) if _route(target) in SCORER_ROUTES else None
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+class ScoringApp:
+    """Serves one loaded reward: GET /healthz, GET /metrics, POST /score, /compare, and the scorer protocol
+    (POST / and /scorer). `handle` never raises: every failure becomes this request's JSON error."""
+
+    def __init__(self, cfg: ServeConfig, reward: Reward) -> None:
+        self.cfg, self.reward = cfg, reward
+        self.metrics = ServeMetrics()
+        self._ids = itertools.count()
+        lock = asyncio.Lock()  # one reward call at a time: /score and /compare batches share the model
+
+        def score(items):
+            return score_items(items, lambda prompts, media: reward.score(prompts, media[0]))
+
+        def compare(items):
+            return score_items(items, lambda prompts, media: reward.compare(prompts, media[0], media[1]))
+
+        self.score_batcher = MicroBatcher(score, cfg.max_batch_size, cfg.batch_wait_timeout_s, self.metrics, lock)
+        self.compare_batcher = MicroBatcher(compare, cfg.max_batch_size, cfg.batch_wait_timeout_s, self.metrics, lock)
+
+    def health(self) -> dict:
+        r = self.reward
+        return {"status": "ok", "reward": r.name, "modalities": list(r.modalities),
+                "higher_is_better": r.higher_is_better, "requires_prompt": r.requires_prompt,
+                "max_request_items": self.cfg.max_request_items, "max_request_bytes": self.cfg.max_request_bytes,
+                "routes": ["GET /healthz", "GET /metrics", "POST /score", "POST /compare", "POST / (scorer)",
+                           "POST /scorer"]}
+
+    async def handle(self, method: str, target: str, authorization: str | None, body: bytes) -> tuple[int, dict]:
+        t0 = time.perf_counter()
+        route = _route(target)
+        if method == "GET" and route == "healthz":
+            return 200, self.health()
+        if not token_ok(self.cfg.token if self.cfg.auth else None, authorization, target):
+            return 401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"}
+        if method == "GET" and route == "metrics":
+            return 200, self.metrics.snapshot()
+        if method != "POST" or route not in (*ROUTES, *SCORER_ROUTES):
+            return 404, {"error": f"unknown route {method} {target.split('?', 1)[0]}; use POST /score, /compare, "
+                                  "/scorer, or GET /healthz, /metrics"}
+        self.metrics.in_flight += 1
+        try:
+            status, out = await self._score(route, body)
+        except Exception as exc:  # noqa: BLE001 - typed errors are the client's (4xx), the rest 500
+            status = error_status(exc)
+            if status == 500:
+                _log.error("request failed", exc_info=exc)
+            out = {"error": error_message(exc)}
+        finally:
+            self.metrics.in_flight -= 1
+        self.metrics.record_request(route or "scorer", status, time.perf_counter() - t0)
+        return status, out
+
+    async def _score(self, route: str, body: bytes) -> tuple[int, dict]:
+        limit = self.cfg.max_request_bytes
+        if len(body) > limit:
+            raise RequestTooLargeError(f"request body of {len(body)} bytes exceeds max_request_bytes={limit}")
+        payload = parse_json_object(body)
+        kw = {"max_items": self.cfg.max_request_items, "request_id": next(self._ids)}
+        if route in SCORER_ROUTES:
+            items = await asyncio.to_thread(prepare_scorer_request, payload, self.reward, **kw)  # image decoding
+        else:
+            items = prepare_request(payload, route, self.reward, **kw)
+        batcher = self.compare_batcher if route == "compare" else self.score_batcher
+        out, status = merge_results(await batcher.submit(items))
+        if status == 200 and route in SCORER_ROUTES:
+            out = scorer_body(out)
+        return status, out
+
+
+# ----------------------------------------------------------------------------------------------
 # the Ray Serve deployment
 # ----------------------------------------------------------------------------------------------
 def build_app(cfg: ServeConfig):
-    """The bound Ray Serve application for `cfg` (deploy with `serve.run`)."""
+    """The bound Ray Serve application for `cfg` (deploy with `serve.run`): one ScoringApp per replica."""
     from mmreward.errors import require
 
     serve = require("ray.serve", "serve", "the reward server")
@@ -363,69 +634,31 @@ def build_app(cfg: ServeConfig):
     @serve.deployment(name="mmreward", max_ongoing_requests=1000)
     class RewardDeployment:
         def __init__(self, cfg_dict: dict) -> None:
-            import mmreward
-
             _replica_grpc_on_loopback()
             self.cfg = ServeConfig(**cfg_dict)
-            self.reward = mmreward.load(self.cfg.reward, checkpoint=self.cfg.checkpoint, device=self.cfg.device,
-                                        weights=self.cfg.weights, **self.cfg.options)
-            self._request_ids = itertools.count()
-            for batched in (self._score_batch, self._compare_batch):
-                batched.set_max_batch_size(self.cfg.max_batch_size)
-                batched.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
-
-        # items of concurrent requests arrive here together; score_items never raises, so one request's
-        # failure cannot reach the others' futures
-        @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
-        async def _score_batch(self, items: list[Item]) -> list[dict]:
-            return score_items(items, lambda prompts, media: self.reward.score(prompts, media[0]))
-
-        @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
-        async def _compare_batch(self, items: list[Item]) -> list[dict]:
-            return score_items(items, lambda prompts, media: self.reward.compare(prompts, media[0], media[1]))
+            self.app = ScoringApp(self.cfg, load_reward(self.cfg))
 
         async def __call__(self, request: Request):
-            try:
-                return await self._handle(request)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes this request's JSON error
-                if error_status(exc) == 500:
-                    _log.error("request failed", exc_info=exc)
-                return JSONResponse({"error": error_message(exc)}, status_code=error_status(exc))
-
-        async def _handle(self, request: Request):
-            import asyncio
-
-            path = request.url.path.rstrip("/")
-            if request.method == "GET" and path.endswith("/healthz"):
-                r = self.reward
-                return JSONResponse({"status": "ok", "reward": r.name, "modalities": list(r.modalities),
-                                     "higher_is_better": r.higher_is_better, "requires_prompt": r.requires_prompt,
-                                     "max_request_items": self.cfg.max_request_items,
-                                     "max_request_bytes": self.cfg.max_request_bytes})
-            if self.cfg.auth:
-                given = request.headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {self.cfg.token}".encode()):
-                    return JSONResponse({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
-                                        status_code=401)
-            route = path.rsplit("/", 1)[-1]
-            if request.method != "POST" or route not in ROUTES:
-                return JSONResponse({"error": f"unknown route {request.method} {path}; use POST /score or /compare"},
-                                    status_code=404)
-            limit = self.cfg.max_request_bytes
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > limit:
-                raise RequestTooLargeError(f"request body of {declared} bytes exceeds max_request_bytes={limit}")
-            payload = parse_json_object(await read_body(request.stream(), limit))
-            items = prepare_request(payload, route, self.reward, max_items=self.cfg.max_request_items,
-                                    request_id=next(self._request_ids))
-            batched = self._score_batch if route == "score" else self._compare_batch
-            body, status = merge_results(await asyncio.gather(*(batched(it) for it in items)))
-            return JSONResponse(body, status_code=status)
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            body = b""
+            if request.method == "POST":
+                limit = self.cfg.max_request_bytes
+                declared = request.headers.get("content-length")
+                try:
+                    if declared is not None and declared.isdigit() and int(declared) > limit:
+                        raise RequestTooLargeError(f"request body of {declared} bytes exceeds max_request_bytes={limit}")
+                    body = await read_body(request.stream(), limit)
+                except RequestTooLargeError as exc:
+                    return JSONResponse({"error": error_message(exc)}, status_code=413)
+            status, out = await self.app.handle(request.method, target, request.headers.get("authorization"), body)
+            return JSONResponse(out, status_code=status)
 
     # A replica being stopped polls for in-flight requests every graceful_shutdown_wait_loop_s (2 s by
     # default); polling every 0.1 s lets an idle server stop at once and still drains busy ones.
     opts = {"num_replicas": cfg.num_replicas, "ray_actor_options": {"num_gpus": cfg.num_gpus, "num_cpus": cfg.num_cpus},
             "graceful_shutdown_wait_loop_s": 0.1}
+    if cfg.runtime_env:  # the replicas' own environment, e.g. a reward whose pins conflict with the trainer's
+        opts["ray_actor_options"]["runtime_env"] = dict(cfg.runtime_env)
     return RewardDeployment.options(**opts).bind(asdict(cfg))
 
 
