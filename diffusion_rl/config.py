@@ -328,7 +328,8 @@ class AdvantageConfig:
 @dataclass
 class TrainConfig:
     algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), "
-                         "dpo (online Diffusion-DPO), raft (reward-ranked fine-tuning), awm (advantage-weighted "
+                         "dpo (Diffusion-DPO: online, or offline on train.dpo_pairs), raft (reward-ranked "
+                         "fine-tuning), awm (advantage-weighted "
                          "matching), dgpo (group DPO), crd (centred reward distillation) or refl (ReFL: reward on a "
                          "one-step x0 prediction at a random late step)")
     iterations: int = _f(100, "rollout + update iterations")
@@ -367,6 +368,11 @@ class TrainConfig:
     nft_old_decay: list[float] = _f([0.0, 0.001, 0.5], "nft: [flat, rate, cap] of the old policy's soft update "
                                     "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
     dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
+    dpo_pairs: str | None = _f(None, "dpo: train offline on the preference pairs of this source instead of online ranked "
+                               "samples: a .jsonl or .parquet of {prompt, chosen, rejected} (or the `mmreward "
+                               "train-pref` layouts {prompt, image_a, image_b, label} and Pick-a-Pic's {caption, jpg_0, "
+                               "jpg_1, label_0}), a datasets save_to_disk folder or hf:org/name[:split]; "
+                               "sample.prompts_per_iteration pairs per iteration; None: online")
     raft_top_k: int = _f(1, "raft: samples of each group kept (the k highest rewards) and fine-tuned on")
     awm_adv_clip: float = _f(1.0, "awm: advantages are clipped to [-awm_adv_clip, awm_adv_clip] (Flow-Factory adv_clip_range)")
     dgpo_timesteps: int = _f(4, "dgpo: schedule steps trained per iteration, shared by every sample, drawn from the "
@@ -553,7 +559,12 @@ class RunConfig:
                 raise ConfigError(f"config section '{f.name}' must be a {_SECTION_CLASSES[f.name].__name__}, "
                                   f"got {type(section).__name__}")
         algo = self.train.algorithm
-        if algo in ("grpo", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd") and self.sample.group_size < 2:
+        if self.train.dpo_pairs is not None and algo != "dpo":
+            raise ConfigError(f"train.dpo_pairs is the pair dataset of offline Diffusion-DPO (train.algorithm: dpo); "
+                              f"{algo} does not read it: remove the key or set train.algorithm: dpo")
+        offline_dpo = algo == "dpo" and self.train.dpo_pairs is not None  # pairs from a dataset: no groups
+        grouped = ("grpo", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd")
+        if algo in grouped and self.sample.group_size < 2 and not offline_dpo:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
                 f"got {self.sample.group_size}"
@@ -712,9 +723,9 @@ def _relative_to(base: Path, value: str, *, must_exist: bool) -> str:
 def resolve_yaml_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """The inputs named in a YAML file, resolved against the file's folder `base` (a copy of `data`).
 
-    Inputs: model.pretrained, prompts.train / prompts.eval when they are file names, and reward options that
-    name a checkpoint or file. Outputs (log.output_dir, and train.resume_from, which points into an earlier
-    run's output_dir) stay relative to the current directory, as do values given on the command line.
+    Inputs: model.pretrained, prompts.train / prompts.eval and train.dpo_pairs when they are file names, and reward
+    options that name a checkpoint or file. Outputs (log.output_dir, and train.resume_from, which points into an
+    earlier run's output_dir) stay relative to the current directory, as do values given on the command line.
     Values of the wrong type are left for the dataclasses to report."""
     data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     model = data.get("model")
@@ -726,6 +737,9 @@ def resolve_yaml_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
             # a string is a file (a list holds the prompts), unless it names a hub dataset
             if isinstance(prompts.get(key), str) and not prompts[key].startswith("hf:"):
                 prompts[key] = _relative_to(base, prompts[key], must_exist=False)
+    train = data.get("train")
+    if isinstance(train, dict) and isinstance(train.get("dpo_pairs"), str) and not train["dpo_pairs"].startswith("hf:"):
+        train["dpo_pairs"] = _relative_to(base, train["dpo_pairs"], must_exist=False)  # an input file, like prompts
     reward = data.get("reward")
     if isinstance(reward, dict) and isinstance(reward.get("options"), Mapping):
         options = {}

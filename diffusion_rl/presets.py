@@ -181,6 +181,17 @@ FORWARD_PRESETS: dict[str, dict[str, Any]] = {
                    "prompts_per_iteration": 16},
         "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
     },
+    # offline Diffusion-DPO as the paper trains it (SalesforceAIResearch/DiffusionDPO@dff8e10 launchers/sd15.sh,
+    # train.py): Pick-a-Pic v2 pairs (ties dropped), 2048 pairs per optimizer step, 2000 steps, beta_dpo 5000, lr
+    # 1e-8 x 2048 (--scale_lr), AdamW weight decay 1e-2, grad norm 1, the conditional prediction trained (no CFG);
+    # the pair source is the user's: train.dpo_pairs. Not expressed: the 500-step warmup, random flips, full
+    # fine-tuning with a frozen UNet copy (here LoRA, the reference being the LoRA-free model)
+    "diffusion_dpo_offline": {
+        "train": {"algorithm": "dpo", "dpo_beta": 5000.0, "learning_rate": 2.048e-5, "weight_decay": 1e-2,
+                  "max_grad_norm": 1.0, "kl_beta": 0.0, "num_minibatches": 1, "iterations": 2000},
+        "sample": {"kernel": "ode", "noise_level": 0.0, "guidance_scale": 1.0, "prompts_per_iteration": 2048},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
+    },
     # RAFT on diffusion (OptimalScale/LMFlow@613bba0 experimental/RAFT-diffusion/SD256-RAFT.ipynb): 10 images
     # per prompt, the best kept, lr 9e-6, LoRA (diffusers' rank 4), 10 passes over the winners, grad norm 1
     "raft": {

@@ -36,7 +36,17 @@ from diffusion_rl import (
     sharding,
 )
 from diffusion_rl.accelerator import make_accelerator
-from diffusion_rl.algorithms import AWM, CRD, DGPO, RAFT, DiffusionDPO, DiffusionNFT, DRaFT, make_algorithm
+from diffusion_rl.algorithms import (
+    AWM,
+    CRD,
+    DGPO,
+    RAFT,
+    DiffusionDPO,
+    DiffusionNFT,
+    DRaFT,
+    OfflineDiffusionDPO,
+    make_algorithm,
+)
 from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.evaluation import check_sharded_evaluation, evaluate
 from diffusion_rl.kernels import Kernel
@@ -212,7 +222,8 @@ class Trainer:
 
     def train_iteration(self, it: int) -> dict[str, float]:
         """Prompts, rollout, rewards, advantages and the update of iteration `it`; returns its metrics."""
-        if isinstance(self.algorithm, DRaFT | DiffusionNFT | DiffusionDPO | RAFT | AWM | DGPO | CRD):  # own iteration
+        own_iteration = DRaFT | DiffusionNFT | DiffusionDPO | OfflineDiffusionDPO | RAFT | AWM | DGPO | CRD
+        if isinstance(self.algorithm, own_iteration):
             _, prompts, slots, sample_ids = self.local_prompts(it)
             metrics, self.last_images = self.algorithm.iteration(
                 it, self.policy, self.adapter, self.kernel, prompts, self.embeds_for(prompts), slots, sample_ids)

@@ -1,9 +1,13 @@
-"""Online Diffusion-DPO: the loss equals the paper's formula computed independently (transcribed from
-SalesforceAIResearch/DiffusionDPO@5233e75 train.py lines 1122-1145), best/worst pairs on a hand-built reward
-table, one iteration on tiny SD3 and FLUX pipelines changes the LoRA, and a resumed run equals a straight one."""
+"""Diffusion-DPO, online and offline: the loss equals the paper's formula computed independently (transcribed
+from SalesforceAIResearch/DiffusionDPO@5233e75 train.py lines 1122-1145), best/worst pairs on a hand-built reward
+table, one iteration on tiny SD3 and FLUX pipelines changes the LoRA, and a resumed run equals a straight one.
+Offline: every `mmreward train-pref` pair layout (JSONL, parquet) is read with ties dropped and typed errors for
+bad sources, each pair is visited once per epoch, and the image encoder is the exact inverse of the adapter's
+decode."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -200,3 +204,183 @@ def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
     lr = cfg["train"]["learning_rate"]
     for p in one.trainable:
         torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)
+
+
+# ----------------------------------------------------------------------------------------------
+# offline Diffusion-DPO: preference pairs from a dataset (train.dpo_pairs)
+# ----------------------------------------------------------------------------------------------
+def _write_pairs(folder: Path, rows: int = 4) -> Path:
+    """A JSONL of {prompt, chosen, rejected} rows over small distinct PNGs (relative paths), in the layout
+    `mmreward train-pref` reads."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(5)
+    lines = []
+    for i in range(rows):
+        for kind in ("w", "l"):
+            pixels = (torch.rand(20, 24, 3, generator=g) * 255).to(torch.uint8).numpy()
+            Image.fromarray(pixels).save(folder / f"{kind}{i}.png")
+        lines.append({"prompt": f"shape {i}", "chosen": f"w{i}.png", "rejected": f"l{i}.png"})
+    path = folder / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    return path
+
+
+def test_offline_pairs_read_every_train_pref_layout_and_refuse_bad_sources(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from diffusion_rl.algorithms.dpo import load_preference_pairs
+    from mmreward.errors import RewardInputError
+
+    src = _write_pairs(tmp_path / "d", rows=2)
+    prompts, chosen, rejected, ties = load_preference_pairs(str(src))
+    assert prompts == ["shape 0", "shape 1"] and ties == 0
+    assert [Path(c).name for c in chosen] == ["w0.png", "w1.png"] and [Path(r).name for r in rejected] == ["l0.png", "l1.png"]
+    # train-pref's {image_a, image_b, label}: label 0 prefers b (swapped), 0.5 is a tie (dropped), in a parquet file
+    d = tmp_path / "d"
+    table = pa.table({"prompt": ["a", "b", "c"], "image_a": ["w0.png", "w1.png", "w0.png"],
+                      "image_b": ["l0.png", "l1.png", "l1.png"], "label": [1.0, 0.0, 0.5]})
+    pq.write_table(table, d / "pairs.parquet")
+    prompts, chosen, rejected, ties = load_preference_pairs(str(d / "pairs.parquet"))
+    assert prompts == ["a", "b"] and ties == 1
+    assert [Path(c).name for c in chosen] == ["w0.png", "l1.png"] and [Path(r).name for r in rejected] == ["l0.png", "w1.png"]
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_preference_pairs(str(tmp_path / "missing.jsonl"))
+    (d / "ties.jsonl").write_text('{"prompt": "a", "image_a": "w0.png", "image_b": "l0.png", "label": 0.5}\n' * 2)
+    with pytest.raises(RewardInputError, match="ties"):
+        load_preference_pairs(str(d / "ties.jsonl"))
+    (d / "bad.jsonl").write_text('{"prompt": "a", "winner": "w0.png"}\n{"prompt": "b", "winner": "w1.png"}\n')
+    with pytest.raises(RewardInputError, match="chosen"):
+        load_preference_pairs(str(d / "bad.jsonl"))
+
+
+def test_offline_pair_order_visits_every_pair_once_per_epoch():
+    from diffusion_rl.algorithms.dpo import pair_indices
+
+    stream = torch.cat([pair_indices(5, 3, seed=7, it=it) for it in range(5)])  # 15 positions = 3 epochs of 5
+    for epoch in stream.split(5):
+        assert sorted(epoch.tolist()) == [0, 1, 2, 3, 4]
+    assert not torch.equal(stream[:5], stream[5:10])  # each epoch has its own shuffle
+    assert torch.equal(pair_indices(5, 3, seed=7, it=3), stream[9:12])  # a resumed run reads the same rows
+
+
+def test_fit_image_covers_then_center_crops():
+    from diffusion_rl.algorithms.dpo import fit_image
+
+    img = torch.rand(3, 4, 8)
+    assert torch.equal(fit_image(img, 4, 4), img[:, :, 2:6])  # same height: only the crop, the middle columns
+    up = fit_image(torch.full((3, 2, 2), 0.25), 4, 6)  # a constant image stays constant at any size
+    assert up.shape == (3, 4, 6) and torch.allclose(up, torch.full_like(up, 0.25))
+
+
+@pytest.mark.parametrize("kind", ["flux"])  # FLUX: the shift and scale SD3 shares, and the 2x2 packing
+def test_encode_images_inverts_the_adapter_decode(kind, tiny_pipeline_dir):
+    """decode(encode(x)) through the adapter equals the VAE's own decode of its posterior mode: the shift, scale
+    and FLUX's 2x2 packing of `encode_images` are the exact inverse of the adapter's `_decode_latents`."""
+    from diffusion_rl.algorithms.dpo import encode_images
+    from diffusion_rl.pipelines import load_pipeline, make_adapter
+
+    pipe = load_pipeline(str(tiny_pipeline_dir(kind)))
+    adapter = make_adapter(pipe, 16, 16)
+    x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    z = encode_images(adapter, x)
+    assert z.shape == (2, *adapter.latent_shape())
+    with torch.no_grad():
+        ours = adapter._decode_latents(z)
+        direct = pipe.vae.decode(pipe.vae.encode(x * 2 - 1).latent_dist.mode(), return_dict=False)[0]
+    assert_close_scaled(ours, direct, rel=1e-5)
+
+
+def _offline_dict(kind, tmp_path, tiny_pipeline_dir, pairs, **train):
+    return {
+        "preset": "diffusion_dpo_offline",
+        "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
+        "sample": {"num_steps": 3, "prompts_per_iteration": 2},
+        "reward": {"rewards": {"mock": 1.0}},
+        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "dpo_beta": 50.0,
+                  "dpo_pairs": str(pairs), **train},
+        "log": {"output_dir": str(tmp_path / kind), "progress": False},
+    }
+
+
+def test_diffusion_rl_train_runs_the_offline_dpo_preset_on_tiny_sd3(tmp_path, tiny_pipeline_dir):
+    """`diffusion-rl train` with `preset: diffusion_dpo_offline` and a pair file named relative to the YAML."""
+    from diffusion_rl.cli import main
+
+    pairs = _write_pairs(tmp_path / "data")
+    cfg = _offline_dict("sd3", tmp_path, tiny_pipeline_dir, "data/pairs.jsonl")
+    path = tmp_path / "offline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert pairs.is_file() and main(["train", "--config", str(path)]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "sd3" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "train/loss" in r]
+    # policy == reference at the start (LoRA B = 0): every pair's loss is log 2
+    assert len(trained) == 1 and trained[0]["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5)
+    assert trained[0]["dpo/pairs"] == 2.0 and trained[0]["dpo/dataset_pairs"] == 4.0 and trained[0]["train/grad_norm"] > 0
+
+
+def test_one_offline_dpo_iteration_trains_tiny_flux_and_refuses_a_video_pipeline(tmp_path, tiny_pipeline_dir):
+    from diffusion_rl.trainer import Trainer
+
+    pairs = _write_pairs(tmp_path / "data")
+    trainer = Trainer(from_dict(_offline_dict("flux", tmp_path, tiny_pipeline_dir, pairs)))
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert metrics["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5) and metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
+    assert trainer.last_images.shape == (2, 3, 16, 16)  # the chosen images of the iteration's pairs
+    cfg = from_dict(_offline_dict("wan", tmp_path, tiny_pipeline_dir, pairs))
+    cfg.model.height = cfg.model.width = 32
+    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    with pytest.raises(ConfigError, match="SD3 or FLUX"):
+        Trainer(cfg).train_iteration(0)
+
+
+def test_offline_dpo_config_checks(tmp_path):
+    rw = {"rewards": {"mock": 1.0}}
+    cfg = from_dict({"preset": "diffusion_dpo_offline", "train": {"dpo_pairs": "p.jsonl"}, "sample": {"group_size": 1},
+                     "reward": rw})  # no groups offline: group_size does not matter
+    assert (cfg.train.dpo_beta, cfg.train.learning_rate, cfg.sample.prompts_per_iteration) == (5000.0, 2.048e-5, 2048)
+    with pytest.raises(ConfigError, match="dpo_pairs"):
+        from_dict({"preset": "raft", "train": {"dpo_pairs": "p.jsonl"}, "reward": rw})
+
+
+@pytest.mark.slow
+def test_offline_dpo_resumes_bit_exact_and_two_processes_equal_one(tmp_path, tiny_pipeline_dir):
+    """1 iteration + resume == 2 straight (weights and metrics, bit for bit); 2 gloo processes, each encoding and
+    training its own pairs, give the same gradient norm and weights as 1 process."""
+    from diffusion_rl.checkpointing import read_checkpoint
+    from diffusion_rl.trainer import Trainer
+
+    pairs = _write_pairs(tmp_path / "data", rows=6)
+
+    def run(sub, **train):
+        t = Trainer(from_dict(_offline_dict("sd3", tmp_path / sub, tiny_pipeline_dir, pairs, **train)))
+        t.fit()
+        return t
+
+    straight = run("a", iterations=2)
+    run("b", iterations=1)
+    resumed = run("b", iterations=2, resume_from=str(tmp_path / "b" / "sd3" / "checkpoints" / "iter_000001"))
+    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
+        assert torch.equal(a, b)
+    strip = [{k: v for k, v in h.items() if not k.startswith("time/")} for h in straight.history]
+    assert [{k: v for k, v in h.items() if not k.startswith("time/")} for h in resumed.history] == strip
+
+    cfg = _offline_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, pairs)
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launcher = Path(sys.executable).parent / "accelerate"
+    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
+                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = run("dp1")
+    two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
+    assert two["history"][0]["train/grad_norm"] == pytest.approx(one.history[0]["train/grad_norm"], rel=1e-4)
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
+    for p in one.trainable:
+        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-4)

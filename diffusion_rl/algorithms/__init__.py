@@ -15,7 +15,7 @@ from diffusion_rl.algorithms.awm import AWM
 from diffusion_rl.algorithms.crd import CRD
 from diffusion_rl.algorithms.ddpo import DDPO
 from diffusion_rl.algorithms.dgpo import DGPO
-from diffusion_rl.algorithms.dpo import DiffusionDPO
+from diffusion_rl.algorithms.dpo import DiffusionDPO, OfflineDiffusionDPO
 from diffusion_rl.algorithms.draft import DRaFT
 from diffusion_rl.algorithms.grpo import GRPO
 from diffusion_rl.algorithms.nft import DiffusionNFT
@@ -34,7 +34,7 @@ class AdvantageAlgorithm(Protocol):
 
 
 def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
-                   ) -> AdvantageAlgorithm | DRaFT | DiffusionNFT | DiffusionDPO | RAFT | AWM:
+                   ) -> AdvantageAlgorithm | DRaFT | DiffusionNFT | DiffusionDPO | OfflineDiffusionDPO | RAFT | AWM:
     """The method `train.algorithm` names, built from the config and the rewards it needs."""
     name = cfg.train.algorithm
     if name == "grpo":
@@ -45,8 +45,8 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
         return PrefGRPO(cfg, pairwise)
     if name == "nft":
         return DiffusionNFT(cfg, rewards)
-    if name == "dpo":
-        return DiffusionDPO(cfg, rewards)
+    if name == "dpo":  # offline on a pair dataset when train.dpo_pairs names one, else online ranked samples
+        return OfflineDiffusionDPO(cfg) if cfg.train.dpo_pairs else DiffusionDPO(cfg, rewards)
     if name == "raft":
         return RAFT(cfg, rewards)
     if name == "awm":
@@ -61,4 +61,4 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
 
 
 __all__ = ["AWM", "CRD", "DGPO", "DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
-           "ReFL", "make_algorithm"]
+           "OfflineDiffusionDPO", "ReFL", "make_algorithm"]

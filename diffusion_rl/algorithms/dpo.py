@@ -26,13 +26,24 @@ with one noise shared by its two images; `train.micro_batch_size` counts pairs (
 Simplifications: flow-matching (velocity) models only; the step is drawn from the sampling schedule's
 `sample.num_steps` sigmas (the reference draws t uniformly in [0, 1000)); the training forwards use
 `sample.guidance_scale` as DiffusionNFT here does (the reference trains the conditional prediction: set
-guidance_scale 1 for that). Offline DPO on a preference-pair dataset (Pick-a-Pic) is not implemented yet.
+guidance_scale 1 for that).
+
+Offline, as the paper trains (`OfflineDiffusionDPO`, chosen when `train.dpo_pairs` names a pair source): the pairs
+come from a dataset of (prompt, chosen image, rejected image): the layouts `mmreward train-pref` reads (JSONL,
+parquet, a datasets folder or hf:org/name; Pick-a-Pic's caption/jpg_0/jpg_1/label_0 included), ties dropped as
+train.py drops them. Each iteration reads `sample.prompts_per_iteration` pairs from a per-epoch shuffle of the
+dataset (counter-based: a resumed run reads the same rows), resizes and centre-crops each image to the model's
+size, encodes it with the pipeline's VAE (posterior mode, shifted and scaled as the pipeline decodes: SD3 and
+FLUX) and trains `train_dpo_pairs`, the same loss and steps as online. Simplifications: no random flips or
+crops, the VAE's mode rather than a posterior sample, SD3/FLUX pipelines only (the others' latent normalisations
+are not inverted here), images not cached between iterations.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +57,7 @@ from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.seeding import counter_noise, noise_key
 from diffusion_rl.sharding import CanonicalOrder
-from mmreward.errors import ConfigError
+from mmreward.errors import ConfigError, RewardInputError
 from mmreward.prompt_sources import score_with_metadata
 
 FORWARD_STEP_DRAW = -7  # the last counter of the seed of a forward-process training step (dpo, raft)
@@ -175,6 +186,54 @@ class RankedSamplesMethod:
                                sample_ids)
 
 
+def train_dpo_pairs(cfg: RunConfig, it: int, policy: Policy, adapter: PipelineAdapter, x0_w: torch.Tensor,
+                    x0_l: torch.Tensor, pair_embeds: PromptEmbeds, draw_slots: torch.Tensor, valid: torch.Tensor
+                    ) -> dict[str, float]:
+    """`train.num_minibatches` optimizer steps of the Diffusion-DPO loss on this process's pairs, online or offline.
+
+    Pair p is the winner latent x0_w[p] and loser x0_l[p] (clean, model latent space) of the prompt whose
+    embeddings are pair_embeds[p]; both are noised at one schedule step with one noise, drawn counter-based from
+    (seed, it, draw_slots[p]); `valid` (P,) weights each pair's loss (0: a tie, no preference)."""
+    acc, tc = policy.accelerator, cfg.train
+    gs = cfg.sample.guidance_scale
+    stats: dict[str, list[float]] = {"loss": [], "implicit_acc": [], "model_diff": [], "ref_diff": []}
+    grad_norms = []
+    model = policy.model
+    for mb in torch.tensor_split(torch.arange(len(x0_w)), tc.num_minibatches):
+        chunks = [c for c in torch.split(mb, tc.micro_batch_size) if len(c)]
+        model.train()
+        for c_i, chunk in enumerate(chunks):
+            draws = [forward_draw(adapter, cfg.sample.num_steps, tc.seed, it, int(draw_slots[r]), 0, acc.device)
+                     for r in chunk.tolist()]  # one (t, eps) per pair, shared by its two images
+            sigma = torch.stack([d[0] for d in draws]).repeat(2)
+            t = torch.stack([d[1] for d in draws]).repeat(2)
+            eps = torch.stack([d[2] for d in draws]).repeat(2, *([1] * (x0_w.dim() - 1)))
+            x0 = torch.cat([x0_w[chunk], x0_l[chunk]]).to(acc.device)  # winners first, then their losers
+            view = (-1,) + (1,) * (x0.dim() - 1)
+            x_t = (1.0 - sigma.view(view)) * x0 + sigma.view(view) * eps
+            emb_w = pair_embeds.index(chunk)
+            emb = PromptEmbeds.cat([emb_w, emb_w])
+            ref_err = flow_matching_error(reference_velocity(policy, adapter, x_t, t, emb, gs), x0, eps)
+            with contextlib.nullcontext() if c_i == len(chunks) - 1 else acc.no_sync(model):
+                with acc.autocast():
+                    v = adapter.predict(model, x_t, t, emb, gs).float()
+                err = flow_matching_error(v, x0, eps)
+                p = len(chunk)
+                loss, implicit_acc = dpo_loss(err[:p], err[p:], ref_err[:p], ref_err[p:], tc.dpo_beta)
+                acc.backward((loss * valid[chunk].to(loss.device)).sum() / len(mb))
+            stats["loss"].append(float(loss.detach().mean()))
+            stats["implicit_acc"].append(float(implicit_acc.mean()))
+            stats["model_diff"].append(float((err[:p] - err[p:]).detach().mean()))
+            stats["ref_diff"].append(float((ref_err[:p] - ref_err[p:]).mean()))
+        gn = policy.step()
+        if gn is not None:
+            grad_norms.append(gn)
+    out = {f"train/{key}": sum(v) / len(v) for key, v in stats.items() if v}
+    if grad_norms:
+        out["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return out
+
+
 class DiffusionDPO(RankedSamplesMethod):
     """Online Diffusion-DPO (see the module docstring): `iteration` runs one whole iteration."""
 
@@ -190,50 +249,122 @@ class DiffusionDPO(RankedSamplesMethod):
                                                    needs_reference=True)
         win, lose, valid = best_worst_pairs(adv, slots.cpu())
         t1 = time.perf_counter()
-        metrics.update(self._train(it, policy, adapter, embeds, slots, x0_all, win, lose, valid))
+        metrics.update(train_dpo_pairs(self.cfg, it, policy, adapter, x0_all[win], x0_all[lose], embeds.index(win),
+                                       slots[win], valid))
         acc = policy.accelerator  # pairs with a preference, over all processes
         metrics["dpo/pairs"] = float(acc.gather(valid.sum().view(1).to(acc.device)).sum())
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
         return metrics, images.detach().cpu()
 
-    def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
-               x0_all: torch.Tensor, win: torch.Tensor, lose: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
-        cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
-        gs = cfg.sample.guidance_scale
-        stats: dict[str, list[float]] = {"loss": [], "implicit_acc": [], "model_diff": [], "ref_diff": []}
-        grad_norms = []
-        model = policy.model
-        # minibatches split the pairs, one per group (tied groups at weight 0)
-        for mb in torch.tensor_split(torch.arange(len(win)), tc.num_minibatches):
-            chunks = [c for c in torch.split(mb, tc.micro_batch_size) if len(c)]
-            model.train()
-            for c_i, chunk in enumerate(chunks):
-                rows = torch.cat([win[chunk], lose[chunk]])  # winners first, then their losers
-                draws = [forward_draw(adapter, cfg.sample.num_steps, tc.seed, it, int(slots[r]), 0, acc.device)
-                         for r in win[chunk].tolist()]  # one (t, eps) per pair, shared by its two images
-                sigma = torch.stack([d[0] for d in draws]).repeat(2)
-                t = torch.stack([d[1] for d in draws]).repeat(2)
-                eps = torch.stack([d[2] for d in draws]).repeat(2, *([1] * (x0_all.dim() - 1)))
-                x0 = x0_all[rows].to(acc.device)
-                view = (-1,) + (1,) * (x0.dim() - 1)
-                x_t = (1.0 - sigma.view(view)) * x0 + sigma.view(view) * eps
-                emb = embeds.index(rows)
-                ref_err = flow_matching_error(reference_velocity(policy, adapter, x_t, t, emb, gs), x0, eps)
-                with contextlib.nullcontext() if c_i == len(chunks) - 1 else acc.no_sync(model):
-                    with acc.autocast():
-                        v = adapter.predict(model, x_t, t, emb, gs).float()
-                    err = flow_matching_error(v, x0, eps)
-                    p = len(chunk)
-                    loss, implicit_acc = dpo_loss(err[:p], err[p:], ref_err[:p], ref_err[p:], tc.dpo_beta)
-                    acc.backward((loss * valid[chunk].to(loss.device)).sum() / len(mb))
-                stats["loss"].append(float(loss.detach().mean()))
-                stats["implicit_acc"].append(float(implicit_acc.mean()))
-                stats["model_diff"].append(float((err[:p] - err[p:]).detach().mean()))
-                stats["ref_diff"].append(float((ref_err[:p] - ref_err[p:]).mean()))
-            gn = policy.step()
-            if gn is not None:
-                grad_norms.append(gn)
-        out = {f"train/{key}": sum(v) / len(v) for key, v in stats.items() if v}
-        if grad_norms:
-            out["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        return out
+
+# ----------------------------------------------------------------------------------------------
+# offline: preference pairs from a dataset
+# ----------------------------------------------------------------------------------------------
+PAIR_ORDER_DRAW = -8  # the last counter of the seed of an epoch's shuffle of the pair dataset
+
+
+def load_preference_pairs(source: str) -> tuple[list[str], list[Any], list[Any], int]:
+    """(prompts, chosen images, rejected images, ties dropped) of a preference-pair dataset.
+
+    `source` is what `mmreward train-pref --data` reads (mmreward.train.preference.read_pairs: a .jsonl of
+    {prompt, chosen, rejected}, {prompt, image_a, image_b, label} or Pick-a-Pic's {caption, jpg_0, jpg_1,
+    label_0} rows, a datasets save_to_disk folder or hf:org/name[:split]) or a .parquet file with those
+    columns. Label 0 swaps a row's images; ties (label 0.5) carry no preference and are dropped, as
+    DiffusionDPO's train.py drops Pick-a-Pic's ties."""
+    from mmreward.hf_datasets import HUB_PREFIX
+    from mmreward.train.preference import read_pairs
+
+    if not source.startswith(HUB_PREFIX) and not Path(source).exists():
+        raise ConfigError(f"train.dpo_pairs: {source} does not exist; give a .jsonl or .parquet of (prompt, chosen, "
+                          f"rejected) pairs, a datasets save_to_disk folder or {HUB_PREFIX}org/name[:split]")
+    pairs = read_pairs(source)
+    decided = [p for p in pairs if p["label"] != 0.5]
+    if not decided:
+        raise RewardInputError(f"train.dpo_pairs: all {len(pairs)} pairs of {source} are ties (label 0.5); "
+                               "Diffusion-DPO needs pairs with a preferred image")
+    chosen = [p["image_a"] if p["label"] == 1.0 else p["image_b"] for p in decided]
+    rejected = [p["image_b"] if p["label"] == 1.0 else p["image_a"] for p in decided]
+    return [p["prompt"] for p in decided], chosen, rejected, len(pairs) - len(decided)
+
+
+def pair_indices(num_pairs: int, count: int, seed: int, it: int) -> torch.Tensor:
+    """The dataset rows of iteration `it`'s `count` pair slots: consecutive positions of a stream of epochs,
+    each a fresh shuffle of all `num_pairs` rows keyed by (seed, epoch), so every pair is seen once per epoch and
+    a resumed run reads the same rows as an uninterrupted one."""
+    positions = torch.arange(it * count, (it + 1) * count)
+    out = torch.empty(count, dtype=torch.long)
+    for epoch in torch.unique(positions // num_pairs).tolist():
+        perm = torch.randperm(num_pairs, generator=torch.Generator().manual_seed(noise_key(seed, epoch, PAIR_ORDER_DRAW)))
+        here = positions // num_pairs == epoch
+        out[here] = perm[positions[here] % num_pairs]
+    return out
+
+
+def fit_image(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(3, H, W) in [0, 1] -> (3, height, width): resize so the image covers the target, then center-crop
+    (DiffusionDPO's Resize + CenterCrop, bilinear with antialiasing)."""
+    h, w = image.shape[-2:]
+    scale = max(height / h, width / w)
+    size = (max(height, round(h * scale)), max(width, round(w * scale)))
+    resized = F.interpolate(image[None].float(), size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    top, left = (size[0] - height) // 2, (size[1] - width) // 2
+    return resized[:, top:top + height, left:left + width].clamp(0, 1)
+
+
+@torch.no_grad()
+def encode_images(adapter: PipelineAdapter, images: torch.Tensor) -> torch.Tensor:
+    """Clean latents (B, *adapter.latent_shape()) of images (B, 3, H, W) in [0, 1] at the adapter's size: the
+    inverse of the adapter's decode. The VAE posterior's mode (diffusers' img2img `retrieve_latents(...,
+    sample_mode="argmax")`), shifted and scaled as SD3/FLUX pipelines do; FLUX latents are packed into 2x2 patches."""
+    if adapter.family not in ("sd3", "flux"):
+        raise ConfigError(f"offline Diffusion-DPO encodes the dataset's images with the VAE of an SD3 or FLUX pipeline; "
+                          f"this one is {adapter.family}: use online DPO (unset train.dpo_pairs) or an SD3/FLUX model")
+    vae = adapter.pipeline.vae
+    pixels = (images * 2.0 - 1.0).to(adapter.device, vae.dtype)
+    z = vae.encode(pixels).latent_dist.mode().float()
+    z = (z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
+    if adapter.family == "flux":
+        b, c, h, w = z.shape
+        z = adapter.pipeline._pack_latents(z, b, c, h, w)
+    return z
+
+
+class OfflineDiffusionDPO:
+    """Offline Diffusion-DPO on a preference-pair dataset (`train.dpo_pairs`; see the module docstring)."""
+
+    name = "dpo"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.prompts, self.chosen, self.rejected, self.ties = load_preference_pairs(cfg.train.dpo_pairs)
+
+    def _pixels(self, refs: list[Any], height: int, width: int) -> torch.Tensor:
+        from mmreward.hf_datasets import decode_image
+        from mmreward.media import load_image
+
+        return torch.stack([fit_image(load_image(decode_image(r, None, "train.dpo_pairs")), height, width)
+                            for r in refs])
+
+    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
+                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
+                  ) -> tuple[dict[str, float], torch.Tensor]:
+        """This process's share of the iteration's pairs: read, encode, then the DPO steps. The trainer's prompts
+        are not used: the dataset brings its own."""
+        del kernel, prompts, embeds, slots, sample_ids
+        check_flow_lora(self.name, adapter, policy, needs_reference=True)
+        t0 = time.perf_counter()
+        acc, n = policy.accelerator, self.cfg.sample.prompts_per_iteration
+        rows = pair_indices(len(self.prompts), n, self.cfg.train.seed, it)
+        local = torch.arange(acc.process_index, n, acc.num_processes)  # this process's pair slots
+        mine = rows[local].tolist()
+        chosen = self._pixels([self.chosen[i] for i in mine], adapter.height, adapter.width)
+        rejected = self._pixels([self.rejected[i] for i in mine], adapter.height, adapter.width)
+        with acc.autocast():
+            x0_w, x0_l = encode_images(adapter, chosen), encode_images(adapter, rejected)
+        pair_embeds = PromptEmbeds.cat([adapter.encode([self.prompts[i]]) for i in mine])  # one by one: batch-independent
+        t1 = time.perf_counter()
+        metrics = train_dpo_pairs(self.cfg, it, policy, adapter, x0_w, x0_l, pair_embeds, local, torch.ones(len(mine)))
+        metrics.update({"dpo/pairs": float(n), "dpo/dataset_pairs": float(len(self.prompts)),
+                        "dpo/epoch": float((it + 1) * n / len(self.prompts)),
+                        "time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
+        return metrics, chosen

@@ -1,6 +1,6 @@
 """Pairwise preference reward models trained with the Bradley-Terry loss, on accelerate.
 
-Data: JSONL rows, a `datasets` save_to_disk folder or "hf:org/name[:split]" with the same columns
+Data: JSONL rows, a .parquet file, a `datasets` save_to_disk folder or "hf:org/name[:split]" with the same columns
 
     {"prompt": "...", "image_a": "a.png", "image_b": "b.png", "label": 1}
 
@@ -35,7 +35,14 @@ import torch
 from torch import nn
 
 from mmreward.errors import ConfigError, RewardInputError
-from mmreward.hf_datasets import HUB_PREFIX, decode_image, is_dataset_folder, load_rows, parse_source
+from mmreward.hf_datasets import (
+    HUB_PREFIX,
+    DatasetSource,
+    decode_image,
+    is_dataset_folder,
+    load_rows,
+    parse_source,
+)
 from mmreward.types import Reward, RewardOutput
 
 HEADS = ("linear", "mlp", "clip")
@@ -107,6 +114,9 @@ def _image_ref(value: Any, root: Path | None, where: str) -> Any:
 def _rows(data: str) -> tuple[Any, Path | None, str]:
     """(rows, folder that relative paths are read from, name for errors) of a JSONL file or a dataset."""
     source = parse_source(data, "data")
+    parquet = source is None and Path(data).suffix == ".parquet"
+    if parquet:  # read by datasets' parquet builder; relative image paths are read from the file's folder
+        source = DatasetSource("parquet", data_files=str(Path(data).resolve()))
     if source is None:
         path = Path(data)
         rows = []
@@ -125,6 +135,8 @@ def _rows(data: str) -> tuple[Any, Path | None, str]:
     for name, feature in rows.features.items():
         if isinstance(feature, Image) and feature.decode:
             rows = rows.cast_column(name, Image(decode=False))
+    if parquet:
+        return rows, Path(data).resolve().parent, str(data)
     root = Path(source.dataset) if is_dataset_folder(source.dataset) else None
     return rows, root, source.describe()
 
