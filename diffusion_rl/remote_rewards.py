@@ -7,7 +7,8 @@
         shapes-eval: {replicas: 2, devices: [cpu]}      # a local pool: worker processes on this machine
 
 A `url` names a server that is already running: `mmreward serve` (Ray Serve: replicas, GPU fractions and a
-Ray `runtime_env` per reward), or `python -m diffusion_rl.remote_rewards worker` (one plain process, several
+Ray `runtime_env` per reward; `python -m diffusion_rl.remote_rewards serve` puts several rewards in one such
+server, each at URL/NAME), or `python -m diffusion_rl.remote_rewards worker` (one plain process, several
 rewards, no Ray); several urls are replicas the trainer spreads its requests over. Without `url`, the trainer
 starts `replicas` worker processes itself (`devices` cycled over them, a random bearer token, loopback only)
 and stops them when it exits. Rewards with the same device share a worker: several rewards in one server.
@@ -47,7 +48,7 @@ from typing import Any
 
 import torch
 
-from mmreward.errors import ConfigError, RewardInputError, RewardValueError
+from mmreward.errors import ConfigError, MMRewardError, RewardInputError, RewardValueError
 from mmreward.serve import (
     RemoteRewardError,
     RequestTooLargeError,
@@ -369,7 +370,7 @@ def _worker_main(argv: Sequence[str]) -> int:
             raise ConfigError(f"--options must be a JSON object, got {args.options!r}")
         worker = RewardWorker(load_worker_rewards(args.reward, options, args.device, args.attention),
                               host=args.host, port=args.port, token=token)
-    except (ConfigError, ValueError) as exc:
+    except (MMRewardError, ValueError, OSError) as exc:  # unknown reward, bad option, port taken: one line
         print(f"reward worker: {exc}", file=sys.stderr)
         return 2
     if token is None:
@@ -485,13 +486,85 @@ def connect_remote_rewards(rcfg: Any, attention: str = "auto") -> dict[str, Remo
     return out
 
 
+# ----------------------------------------------------------------------------------------------
+# several rewards in one Ray Serve server
+# ----------------------------------------------------------------------------------------------
+def route_name(reward: str) -> str:
+    """The URL path segment of a reward served next to others: its name, with anything but [A-Za-z0-9._-]
+    replaced (a source such as pkg.module:Class has a colon)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", reward)
+
+
+def serve_rewards(cfgs: Sequence[Any], *, ray_init: dict | None = None) -> dict[str, str]:
+    """Several rewards behind one `mmreward serve` front end: each `ServeConfig` is its own Ray Serve
+    application (its own replicas, GPU fraction, device and `runtime_env`), the first at the server's root
+    and each at /NAME. Host, port, token and HTTP limits are the first config's. Returns reward -> URL.
+    Stop with `mmreward.serve.shutdown()`."""
+    from ray import serve
+
+    from mmreward.serve import build_app, start
+
+    if not cfgs:
+        raise ConfigError("serve_rewards: give at least one ServeConfig")
+    names = [route_name(c.reward) for c in cfgs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"serve_rewards: every reward must be served once, got {[c.reward for c in cfgs]}")
+    url = start(cfgs[0], ray_init=ray_init)
+    urls = {cfgs[0].reward: url}
+    for i, (c, name) in enumerate(zip(cfgs[1:], names[1:]), 1):
+        serve.run(build_app(c), name=f"mmreward-{i}", route_prefix=f"/{name}", blocking=False)
+        urls[c.reward] = f"{url}/{name}"
+    return urls
+
+
+def _serve_main(argv: Sequence[str]) -> int:
+    from mmreward.serve import ServeConfig
+
+    p = argparse.ArgumentParser(prog="python -m diffusion_rl.remote_rewards serve",
+                                description="several rewards in one mmreward serve server (Ray Serve)")
+    p.add_argument("--reward", action="append", required=True, help="a registered reward name (repeatable)")
+    p.add_argument("--options", default="{}", help="JSON: reward name -> loader options")
+    p.add_argument("--runtime-env", default="{}", help="JSON: reward name -> Ray runtime_env of its replicas")
+    p.add_argument("--device", default=None, help="device inside each replica (default: the reward's)")
+    p.add_argument("--num-replicas", type=int, default=1)
+    p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (a fraction shares one)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    args = p.parse_args(argv)
+    try:
+        options, envs = json.loads(args.options), json.loads(args.runtime_env)
+        if not isinstance(options, dict) or not isinstance(envs, dict):
+            raise ConfigError("--options and --runtime-env must be JSON objects keyed by reward name")
+        token = os.environ.get("MMREWARD_TOKEN") or secrets.token_urlsafe(24)
+        cfgs = [ServeConfig(reward=r, options=options.get(r, {}), runtime_env=envs.get(r), device=args.device,
+                            num_replicas=args.num_replicas, num_gpus=args.num_gpus, host=args.host, port=args.port,
+                            token=token) for r in args.reward]
+    except (ConfigError, ValueError) as exc:
+        print(f"reward server: {exc}", file=sys.stderr)
+        return 2
+    if not os.environ.get("MMREWARD_TOKEN"):
+        print(f"reward server: generated bearer token: {token}", file=sys.stderr, flush=True)
+    for reward, url in serve_rewards(cfgs).items():
+        print(f"reward server: '{reward}' at {url}", file=sys.stderr, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from mmreward.serve import shutdown
+
+        shutdown()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "worker":
-        print("usage: python -m diffusion_rl.remote_rewards worker --reward NAME [--reward NAME ...] "
-              "[--device cuda:7] [--port 8000]", file=sys.stderr)
-        return 2
-    return _worker_main(argv[1:])
+    if argv and argv[0] == "worker":
+        return _worker_main(argv[1:])
+    if argv and argv[0] == "serve":
+        return _serve_main(argv[1:])
+    print("usage: python -m diffusion_rl.remote_rewards {worker,serve} --reward NAME [--reward NAME ...] "
+          "[--device cuda:7] [--port 8000]", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

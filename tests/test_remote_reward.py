@@ -174,19 +174,39 @@ def test_local_pool_of_worker_processes_gives_in_process_scores():
     assert all(p.poll() is not None for p in procs)  # the workers are gone
 
 
+def test_runtime_env_reaches_the_replicas_actor_options():
+    pytest.importorskip("ray.serve")
+    from diffusion_rl.remote_rewards import route_name
+    from mmreward.serve import ServeConfig, build_app
+
+    env = {"pip": ["some-pinned-dependency==1.0"], "env_vars": {"A": "1"}}
+    opts = build_app(ServeConfig(reward="mock", runtime_env=env))._bound_deployment.ray_actor_options
+    assert opts["runtime_env"] == env
+    assert "runtime_env" not in build_app(ServeConfig(reward="mock"))._bound_deployment.ray_actor_options
+    assert route_name("mmreward.testing.faulty:FaultyMockReward") == "mmreward.testing.faulty_FaultyMockReward"
+
+
 @pytest.mark.slow
 @needs_generator
 def test_run_with_reward_on_mmreward_serve_equals_the_in_process_run(tmp_path, monkeypatch):
-    """The same done-when check against `mmreward serve` (Ray Serve) on loopback."""
+    """The done-when check against `mmreward serve` (Ray Serve) on loopback, serving two rewards in one server
+    (the second with its own runtime_env)."""
     pytest.importorskip("ray.serve")
-    from mmreward.serve import ServeConfig, shutdown, start
+    from diffusion_rl.remote_rewards import serve_rewards
+    from mmreward.serve import ServeConfig, shutdown
 
-    cfg = ServeConfig(reward="shapes-eval", options={"mode": "soft"}, port=0, token=TOKEN)
-    url = start(cfg, ray_init={"num_cpus": 2})
+    cfgs = [ServeConfig(reward="shapes-eval", options={"mode": "soft"}, port=0, token=TOKEN),
+            ServeConfig(reward="mock", port=0, token=TOKEN, runtime_env={"env_vars": {"MMREWARD_SIDE": "1"}})]
+    urls = serve_rewards(cfgs, ray_init={"num_cpus": 2})
     try:
+        assert urls["mock"] == urls["shapes-eval"] + "/mock"
+        img, prompts = torch.rand(3, 3, 32, 32), ["a", "b", "c"]
+        mock = RemoteReward("mock", [urls["mock"]], TOKEN)
+        assert mock.name == "mock"
+        assert torch.equal(mock.score(prompts, img).scores, mmreward.load("mock").score(prompts, img).scores)
         monkeypatch.setenv("MMREWARD_TOKEN", TOKEN)
-        remote = _trainer(tmp_path / "remote", f"reward.remote={json.dumps({'shapes-eval': {'url': url}})}",
-                          "reward.options={}")
+        remote_cfg = json.dumps({"shapes-eval": {"url": urls["shapes-eval"]}})
+        remote = _trainer(tmp_path / "remote", f"reward.remote={remote_cfg}", "reward.options={}")
         m_remote, p_remote = _train_and_params(remote)
     finally:
         shutdown()
