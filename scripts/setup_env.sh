@@ -40,5 +40,15 @@ if [[ ",$extras," == *",dev,"* ]]; then
   # verl's reward loop, for tests/test_verl_reward_loop.py: its metadata pins transformers<5.11 (and vllm-era
   # deps); the reward-manager modules only need the dev extra's omegaconf, tensordict, codetiming and ray.
   "$venv/bin/python" -m pip install "${pip_q[@]}" --no-deps verl==0.9.1
+  # verl's wheel also installs its own top-level `tests` and `scripts` packages, which would shadow ours
+  # (`from tests.parity_record import ...`): remove those two folders, verl itself never imports them
+  "$venv/bin/python" - <<'PY'
+import importlib.metadata as md, pathlib, shutil
+dist = md.distribution("verl")
+for top in ("tests", "scripts"):
+    path = pathlib.Path(dist.locate_file(top))
+    if path.is_dir() and any(str(f).startswith(top + "/") for f in dist.files or []):
+        shutil.rmtree(path)
+PY
 fi
 echo "$want" > "$stamp"
