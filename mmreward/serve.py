@@ -1,17 +1,20 @@
-"""A reward server on Ray Serve, and its client.
+"""A reward server (Ray Serve replicas, or one in-process engine), and its client.
 
-`mmreward serve --reward NAME ...` runs one Ray Serve deployment that loads the reward once per
-replica and exposes, over HTTP:
+`mmreward serve --reward NAME ...` loads the reward once per replica and exposes, over HTTP:
 
     GET  /healthz   no auth; {"status": "ok", "reward": ..., "modalities": [...], ...}
+    GET  /metrics   this replica's queue depth, requests in flight, batch sizes, latency p50/p90/p99 (ms)
     POST /score     {"prompts": [...], "media": <tensor>}            -> {"scores": [...], "details": {...}}
     POST /compare   {"prompts": [...], "media_a": <t>, "media_b": <t>} -> {"prob_a": [...], ...}
+    POST / and /scorer   flow_grpo's and verl-omni's scorer fields over JSON (never pickle):
+                    {"images": [base64 PNG/JPEG], "prompts": [...], "metadata": {}} -> {"scores", "outputs"}
 
 A <tensor> is {"dtype": "float32", "shape": [B, ...], "data": base64 of the raw little-endian bytes}
 in our media convention ([0, 1], (B, 3, H, W) or (B, T, 3, H, W)), so the server scores exactly the
-pixels the client holds. Items of concurrent requests are merged by `serve.batch` (dynamic batching up
-to `max_batch_size` items or `batch_wait_timeout_s`), same-shaped items stacked into one reward call;
-Ray places `num_replicas` replicas over the cluster's GPUs (`num_gpus` each).
+pixels the client holds. Items of concurrent requests are merged by a `MicroBatcher` (dynamic batching up
+to `max_batch_size` items or `batch_wait_timeout_s`), same-shaped items stacked into one reward call run in
+a worker thread; with engine="ray" (default) Ray places `num_replicas` replicas over the cluster's GPUs
+(`num_gpus` each), with engine="local" the reward runs in the serving process (no Ray). docs/serving.md.
 
 One client cannot fail another's request: each request is decoded and validated on its own (media
 layout and values, prompts) before its items join a shared batch, and when a merged reward call still
@@ -25,13 +28,15 @@ is refused with 413 as soon as that many bytes have been read (chunked bodies in
 of more than `max_request_items` items before its data is decoded. Clients reach the server through a
 bounded HTTP front end (mmreward.serve_http: header line, count and size caps, idle, header and body
 timeouts, a connection cap, the token checked before any body byte), with Ray Serve's proxy behind it on a
-private loopback port.
+private loopback port (or the in-process app). The scorer routes also take the token as `?token=` in the
+URL, since flow_grpo's and verl-omni's clients send no headers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import hmac
+import io
 import ipaddress
 import itertools
 import json
@@ -39,8 +44,10 @@ import logging
 import math
 import os
 import secrets
+import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -50,6 +57,7 @@ import numpy as np
 import torch
 
 from mmreward.errors import ConfigError, MMRewardError, RewardInputError, RewardValueError
+from mmreward.serve_http import SCORER_ROUTES, route_name, token_ok
 from mmreward.types import PairwiseOutput, Reward, RewardOutput, normalize_prompts
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
@@ -84,8 +92,13 @@ class ServeConfig:
     idle_timeout_s: float = 5.0  # a connection with no request in flight is closed after this
     body_timeout_s: float = 120.0  # the whole body must arrive within this (408)
     max_connections: int = 256  # served at once; one more is answered 503
+    # "ray": Ray Serve replicas behind the front end (num_replicas, num_gpus); "local": the reward in this
+    # process, no Ray (one replica on one device: the lightest way to put a reward on its own GPU)
+    engine: str = "ray"
 
     def __post_init__(self) -> None:
+        if self.engine not in ("ray", "local"):
+            raise ConfigError(f"engine must be 'ray' (Ray Serve replicas) or 'local' (no Ray), got {self.engine!r}")
         self.http_limits()  # validates the front end's limits now, not when the server starts
         if self.max_batch_size < 1 or self.max_request_items < 1 or self.max_request_bytes < 1:
             raise ConfigError("max_batch_size, max_request_items and max_request_bytes must be >= 1")
@@ -359,7 +372,6 @@ def merge_results(results: list[dict]) -> tuple[dict, int]:
 # `pickle.loads(body)["outputs"]` (flow_grpo) or `["scores"]` (verl-omni), `{"error": ...}` on failure.
 # Unpickling a request runs arbitrary code, so this server never does: it takes the same fields as a JSON
 # object, each image's encoded file as a base64 string, and answers both keys.
-SCORER_ROUTES = ("", "scorer")  # POST / (flow_grpo posts to the server root) and POST /scorer
 SCORER_KEYS = ("images", "prompts", "metadata")
 MAX_IMAGE_PIXELS = 8192 * 8192  # per decoded image: a small PNG may declare a huge canvas (decompression bomb)
 
@@ -528,29 +540,6 @@ class MicroBatcher:
 # ----------------------------------------------------------------------------------------------
 # the application: routes, auth, batching, metrics (no Ray; the Ray deployment and engine="local" share it)
 # ----------------------------------------------------------------------------------------------
-def _route(path: str) -> str:
-    return path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] if path.split("?", 1)[0].rstrip("/") else ""
-
-
-def query_token(target: str) -> str | None:
-    """`token=` in the query string of a scorer URL (flow_grpo and verl-omni clients send no headers)."""
-    from urllib.parse import parse_qs
-
-    values = parse_qs(target.partition("?")[2]).get("token")
-    return values[0] if values and len(values) == 1 else None
-
-
-def token_ok(expected: str | None, authorization: str | None, target: str) -> bool:
-    """The bearer token, or for the scorer routes the URL's `?token=`; constant-time comparisons."""
-    if expected is None:
-        return True
-    if authorization is not None and hmac.compare_digest(authorization.encode("latin-1", "replace"),
-                                                         f"Bearer {expected}".encode()):
-        return True
-    given = query_token(target) if _route(target) in SCORER_ROUTES else None
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
-
-
 class ScoringApp:
     """Serves one loaded reward: GET /healthz, GET /metrics, POST /score, /compare, and the scorer protocol
     (POST / and /scorer). `handle` never raises: every failure becomes this request's JSON error."""
@@ -580,7 +569,7 @@ class ScoringApp:
 
     async def handle(self, method: str, target: str, authorization: str | None, body: bytes) -> tuple[int, dict]:
         t0 = time.perf_counter()
-        route = _route(target)
+        route = route_name(target)
         if method == "GET" and route == "healthz":
             return 200, self.health()
         if not token_ok(self.cfg.token if self.cfg.auth else None, authorization, target):
@@ -623,6 +612,12 @@ class ScoringApp:
 # ----------------------------------------------------------------------------------------------
 # the Ray Serve deployment
 # ----------------------------------------------------------------------------------------------
+def load_reward(cfg: ServeConfig) -> Reward:
+    import mmreward
+
+    return mmreward.load(cfg.reward, checkpoint=cfg.checkpoint, device=cfg.device, weights=cfg.weights, **cfg.options)
+
+
 def build_app(cfg: ServeConfig):
     """The bound Ray Serve application for `cfg` (deploy with `serve.run`): one ScoringApp per replica."""
     from mmreward.errors import require
@@ -740,52 +735,68 @@ def _free_loopback_port() -> int:
 
 
 def start(cfg: ServeConfig, *, blocking: bool = False, ray_init: dict | None = None) -> str:
-    """Start Ray (locally unless RAY_ADDRESS says otherwise), deploy, and listen on `cfg.host`:`cfg.port`.
+    """Serve `cfg.reward` on `cfg.host`:`cfg.port` and return the URL (`cfg.port=0` picks a free port).
 
-    Clients talk to our bounded HTTP front end (mmreward.serve_http) in this process; Ray Serve's own proxy
-    listens on a private 127.0.0.1 port behind it, since it buffers request heads without limit. When we
-    start Ray ourselves and `cfg.host` is loopback, Ray's own ports (GCS, raylet, workers, agents) listen on
-    loopback too; the dashboard is not started. Returns the URL (`cfg.port=0` picks a free port).
+    Clients talk to our bounded HTTP front end (mmreward.serve_http) in this process. With engine="ray", Ray
+    starts (locally unless RAY_ADDRESS says otherwise), the deployment is placed over the cluster, and Ray
+    Serve's own proxy listens on a private 127.0.0.1 port behind the front end, since it buffers request
+    heads without limit; when we start Ray ourselves and `cfg.host` is loopback, Ray's own ports (GCS,
+    raylet, workers, agents) listen on loopback too, and the dashboard is not started. With engine="local" the
+    reward is loaded in this process and the front end calls it directly (no Ray).
     """
     global _FRONT_END
-    from mmreward.errors import require
     from mmreward.serve_http import FrontEnd
 
-    ray = require("ray", "serve", "the reward server")
-    serve = require("ray.serve", "serve", "the reward server")
-    if not ray.is_initialized():
-        kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False, **(ray_init or {})}
-        ours = not (kwargs.get("address") or os.environ.get("RAY_ADDRESS"))
-        if ours and _is_loopback(cfg.host):
-            with _loopback_ray():
+    token = cfg.token if cfg.auth else None
+    if cfg.engine == "local":
+        app = ScoringApp(cfg, load_reward(cfg))
+
+        async def call(method: str, target: str, authorization: str | None, body: bytes):
+            status, out = await app.handle(method, target, authorization, body)
+            return status, "application/json", json.dumps(out).encode()
+
+        front = FrontEnd(cfg.host, cfg.port, None, token=token, limits=cfg.http_limits(), app=call)
+    else:
+        from mmreward.errors import require
+
+        ray = require("ray", "serve", "the reward server")
+        serve = require("ray.serve", "serve", "the reward server")
+        if not ray.is_initialized():
+            kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+                      **(ray_init or {})}
+            ours = not (kwargs.get("address") or os.environ.get("RAY_ADDRESS"))
+            if ours and _is_loopback(cfg.host):
+                with _loopback_ray():
+                    ray.init(**kwargs)
+            else:
                 ray.init(**kwargs)
-        else:
-            ray.init(**kwargs)
-    upstream = ("127.0.0.1", _free_loopback_port())
-    serve.start(http_options={"host": upstream[0], "port": upstream[1]}, logging_config={"log_level": "WARNING"})
-    serve.run(build_app(cfg), name="mmreward", route_prefix="/", blocking=False)
-    front = FrontEnd(cfg.host, cfg.port, upstream, token=cfg.token if cfg.auth else None, limits=cfg.http_limits())
+        upstream = ("127.0.0.1", _free_loopback_port())
+        serve.start(http_options={"host": upstream[0], "port": upstream[1]}, logging_config={"log_level": "WARNING"})
+        serve.run(build_app(cfg), name="mmreward", route_prefix="/", blocking=False)
+        front = FrontEnd(cfg.host, cfg.port, upstream, token=token, limits=cfg.http_limits())
     port = front.start()
     _FRONT_END = front
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     if blocking:
-        import time
-
         while True:
             time.sleep(3600)
     return f"http://{host}:{port}"
 
 
 def shutdown() -> None:
+    """Stop the front end, and Ray Serve and Ray when they run."""
     global _FRONT_END
-    import ray
-    from ray import serve
+    import sys
 
     if _FRONT_END is not None:
         _FRONT_END.stop()
         _FRONT_END = None
-    serve.shutdown()
-    ray.shutdown()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -815,6 +826,10 @@ class RewardClient(Reward):
         self.higher_is_better = bool(info["higher_is_better"])
         self.requires_prompt = bool(info["requires_prompt"])
         self.micro_batch_size = min(micro_batch_size, int(info.get("max_request_items", micro_batch_size)))
+
+    def metrics(self) -> dict:
+        """The server's GET /metrics (one replica's: queue depth, batch sizes, latency percentiles)."""
+        return self._request("GET", "/metrics")
 
     def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
         data = json.dumps(payload).encode() if payload is not None else None

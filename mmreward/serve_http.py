@@ -11,6 +11,7 @@ on a private loopback port behind it. Everything a client sends is bounded here,
 - a connection that sends nothing for `idle_timeout_s` (before its first request or between keep-alive
   requests) is closed; a head not complete `header_timeout_s` after its first byte gets 408 (slowloris);
 - the bearer token is checked on the head, before any body byte is read (401, and the body is never read);
+  the scorer routes (flow_grpo / verl-omni clients, which send no headers) also take it as `?token=`;
 - a declared `Content-Length` above the body cap is refused before reading (413); a chunked body is counted
   while it is decoded and refused at the cap; the whole body must arrive within `body_timeout_s` (408);
 - at most `max_connections` connections are served at once; one more is answered 503 and closed.
@@ -204,6 +205,34 @@ async def read_body(reader: asyncio.StreamReader, length: int | None, limits: HT
         raise HTTPProtocolError(400, "connection closed in the middle of the request body") from None
 
 
+SCORER_ROUTES = ("", "scorer")  # the scorer protocol: POST / (flow_grpo posts to the server root), POST /scorer
+
+
+def route_name(target: str) -> str:
+    """The last path segment of a request target ('' for the root): /score, /v1/score -> 'score'."""
+    path = target.split("?", 1)[0].rstrip("/")
+    return path.rsplit("/", 1)[-1] if path else ""
+
+
+def query_token(target: str) -> str | None:
+    """`token=` in the query string (flow_grpo's and verl-omni's scorer clients send no headers)."""
+    from urllib.parse import parse_qs
+
+    values = parse_qs(target.partition("?")[2]).get("token")
+    return values[0] if values and len(values) == 1 else None
+
+
+def token_ok(expected: str | None, authorization: str | None, target: str) -> bool:
+    """The bearer token, or for the scorer routes the URL's `?token=`; constant-time comparisons."""
+    if expected is None:
+        return True
+    want = f"Bearer {expected}".encode()
+    if authorization is not None and hmac.compare_digest(authorization.encode("latin-1", "replace"), want):
+        return True
+    given = query_token(target) if route_name(target) in SCORER_ROUTES else None
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
 def is_open_route(method: str, path: str) -> bool:
     """Routes served without a token: the deployment's health check (same test as its handler)."""
     return method == "GET" and path.rstrip("/").endswith("/healthz")
@@ -215,9 +244,13 @@ def is_open_route(method: str, path: str) -> bool:
 class FrontEnd:
     """The listening side of `mmreward serve`, forwarding bounded requests to `upstream` (host, port)."""
 
-    def __init__(self, host: str, port: int, upstream: tuple[str, int], *, token: str | None,
-                 limits: HTTPLimits) -> None:
-        self.host, self.port, self.upstream = host, port, upstream
+    def __init__(self, host: str, port: int, upstream: tuple[str, int] | None, *, token: str | None,
+                 limits: HTTPLimits, app=None) -> None:
+        """`upstream`: Ray Serve's proxy to forward to; or `app`, an async callable (method, target,
+        authorization, body) -> (status, content type, body bytes) served in this process (engine="local")."""
+        if (upstream is None) == (app is None):
+            raise ConfigError("FrontEnd: give exactly one of upstream (host, port) and app")
+        self.host, self.port, self.upstream, self.app = host, port, upstream, app
         self.token, self.limits = token, limits
         self.active = 0  # connections being served (read from other threads only for tests and logs)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -304,8 +337,8 @@ class FrontEnd:
                 if not is_open_route(method, path):
                     self._check_token(head)  # before any body byte is read
                 if method not in ("GET", "POST"):
-                    raise HTTPProtocolError(405, f"method {method} not allowed; use GET /healthz or POST "
-                                                 "/score, /compare")
+                    raise HTTPProtocolError(405, f"method {method} not allowed; use GET /healthz, /metrics or "
+                                                 "POST /score, /compare, /scorer")
                 length = body_length(head, lim.max_body_bytes)
                 if length is None or length > 0:
                     if "100-continue" in (head.get("expect") or "").lower():
@@ -328,11 +361,10 @@ class FrontEnd:
                 return
 
     def _check_token(self, head: Head) -> None:
-        if self.token is None:
-            return
         given = head.all("authorization")
-        if len(given) != 1 or not hmac.compare_digest(given[0].encode("latin-1"), f"Bearer {self.token}".encode()):
-            raise HTTPProtocolError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        if len(given) > 1 or not token_ok(self.token, given[0] if given else None, head.start[1]):
+            raise HTTPProtocolError(401, "missing or wrong bearer token (Authorization: Bearer <token>, or "
+                                         "?token= on the scorer routes)")
 
     async def _write(self, writer: asyncio.StreamWriter, status: int, ctype: str, data: bytes, keep: bool) -> None:
         head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nContent-Type: {ctype}\r\n"
@@ -367,6 +399,10 @@ class FrontEnd:
     async def _forward(self, head: Head, body: bytes) -> tuple[int, str, bytes]:
         """(status, content type, body) of the upstream's answer; 502/504 JSON when it fails."""
         try:
+            if self.app is not None:
+                method, target, _ = head.start
+                auth = head.get("authorization")
+                return await asyncio.wait_for(self.app(method, target, auth, body), self.limits.upstream_timeout_s)
             return await asyncio.wait_for(self._upstream(head, body), self.limits.upstream_timeout_s)
         except asyncio.TimeoutError:
             return 504, "application/json", json.dumps({"error": "the reward did not answer within "
