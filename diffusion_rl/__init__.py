@@ -28,7 +28,8 @@ _EXPORTS = {
     "make_adapter": "diffusion_rl.pipelines",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["RunConfig", "Trainer", "from_dict", "load_config", "load_pipeline", "make_adapter", "make_algorithm",
+           "register_adapter", "save_config", "train"]
 
 if TYPE_CHECKING:
     from diffusion_rl.adapters.registry import register_adapter

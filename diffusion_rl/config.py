@@ -31,7 +31,7 @@ def _f(default, help: str, *, required: bool = False, **kw):
     """A config field with its help string; `required` fields have no usable default (help-keys says so)."""
     meta = {"help": help, "required": required}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+        return field(default_factory=functools.partial(type(default), default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
 
 
@@ -112,13 +112,13 @@ def _check_type(name: str, tp: Any, value: Any) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def _validate_types(obj: Any, section: str) -> None:
     """Coerce every field of a config dataclass to its annotation (in place), or raise a ConfigError."""
-    hints = _hints(type(obj))
+    hints = _hints(obj.__class__)
     for f in dataclasses.fields(obj):
         setattr(obj, f.name, _check_type(f"{section}.{f.name}", hints[f.name], getattr(obj, f.name)))
 
@@ -171,11 +171,25 @@ class ModelConfig:
                                          "prediction to this multiple of the conditional norm; None: off)")
     cfg_truncation: float | None = _f(None, "Z-Image: the pipeline's cfg_truncation (no CFG once this fraction of "
                                       "the steps is done; None: off)")
+    # LTX-2 (LTX2Pipeline's guidance arguments of the same names; None: the adapter's, which is plain CFG)
+    audio_guidance_scale: float | None = _f(None, "LTX-2: CFG scale of the audio stream (default: sample.guidance_scale)")
+    guidance_rescale: float | None = _f(None, "LTX-2: rescale of the guided x0 towards the conditional one, in [0, 1] "
+                                        "(video; default 0)")
+    audio_guidance_rescale: float | None = _f(None, "LTX-2: the audio stream's guidance_rescale (default: the video's)")
+    stg_scale: float | None = _f(None, "LTX-2: spatio-temporal guidance scale (video; default 0: off); needs "
+                                 "spatio_temporal_guidance_blocks and a transformer with perturbed_attn")
+    audio_stg_scale: float | None = _f(None, "LTX-2: the audio stream's stg_scale (default: the video's)")
+    modality_scale: float | None = _f(None, "LTX-2: modality-isolation guidance scale (video; default 1: off)")
+    audio_modality_scale: float | None = _f(None, "LTX-2: the audio stream's modality_scale (default: the video's)")
+    spatio_temporal_guidance_blocks: list[int] | None = _f(None, "LTX-2: transformer blocks whose self-attention STG "
+                                                           "skips (the pipeline's default [28])")
 
     def __post_init__(self) -> None:
         _validate_types(self, "model")
         _choice("model.lora_experts", self.lora_experts, ["both", "high", "low"])
-        for name in ("guidance_scale_2", "cfg_normalization", "cfg_truncation"):
+        for name in ("guidance_scale_2", "cfg_normalization", "cfg_truncation", "audio_guidance_scale",
+                     "guidance_rescale", "audio_guidance_rescale", "stg_scale", "audio_stg_scale", "modality_scale",
+                     "audio_modality_scale"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"model.{name} must be a finite number >= 0 (or null), got {value}")
@@ -327,10 +341,10 @@ class AdvantageConfig:
 
 @dataclass
 class TrainConfig:
-    algorithm: str = _f("grpo", "grpo, pref_grpo, ddpo, draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), "
-                         "dpo (Diffusion-DPO: online, or offline on train.dpo_pairs), raft (reward-ranked "
-                         "fine-tuning), awm (advantage-weighted "
-                         "matching), dgpo (group DPO), crd (centred reward distillation) or refl (ReFL: reward on a "
+    algorithm: str = _f("grpo", "grpo, grpo_guard (GRPO-Guard: RatioNorm + 1 / dt step weights), pref_grpo, ddpo, "
+                         "draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), dpo (Diffusion-DPO: "
+                         "online, or offline on train.dpo_pairs), raft (reward-ranked fine-tuning), awm "
+                         "(advantage-weighted matching), dgpo (group DPO), crd (centred reward distillation) or refl (ReFL: reward on a "
                          "one-step x0 prediction at a random late step)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
@@ -348,7 +362,8 @@ class TrainConfig:
     kl_beta: float = _f(0.0, "weight of the KL to the reference policy")
     kl_mode: str = _f("exact", "'exact' Gaussian KL or Flow-GRPO's |dt|-scaled 'flow_grpo' form")
     kl_reference: str = _f("adapter", "reference policy: 'adapter' (LoRA disabled) or 'copy' (frozen copy)")
-    ratio_norm: bool = _f(False, "GRPO-Guard ratio normalisation (Pref-GRPO --rationorm)")
+    ratio_norm: bool = _f(False, "GRPO-Guard's ratio normalisation and 1 / dt step weight in the PPO loss of grpo, "
+                          "pref_grpo or ddpo (Pref-GRPO --rationorm); always on for grpo_guard")
     ema: bool = _f(False, "keep an EMA of the trained weights, used for evaluation and export")
     ema_decay: float = _f(0.9, "EMA decay (Flow-GRPO: 0.9 every 8 steps)")
     ema_update_every: int = _f(8, "optimizer steps between EMA updates")
@@ -409,8 +424,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _validate_types(self, "train")
-        _choice("train.algorithm", self.algorithm, ["grpo", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft",
-                                                    "refl", "awm", "dgpo", "crd"])
+        _choice("train.algorithm", self.algorithm, ["grpo", "grpo_guard", "pref_grpo", "ddpo", "draft", "nft", "dpo",
+                                                    "raft", "refl", "awm", "dgpo", "crd"])
         _positive("train.dgpo_timesteps", self.dgpo_timesteps)
         _positive("train.crd_beta", self.crd_beta)
         _choice("train.crd_loss", self.crd_loss, ["mse", "bce"])
@@ -563,7 +578,7 @@ class RunConfig:
             raise ConfigError(f"train.dpo_pairs is the pair dataset of offline Diffusion-DPO (train.algorithm: dpo); "
                               f"{algo} does not read it: remove the key or set train.algorithm: dpo")
         offline_dpo = algo == "dpo" and self.train.dpo_pairs is not None  # pairs from a dataset: no groups
-        grouped = ("grpo", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd")
+        grouped = ("grpo", "grpo_guard", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd")
         if algo in grouped and self.sample.group_size < 2 and not offline_dpo:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
@@ -597,9 +612,9 @@ class RunConfig:
                               "log.eval_every to the iterations between evaluations, e.g. 5")
         if self.train.kl_reference == "adapter" and self.train.kl_beta > 0 and not self.model.lora:
             raise ConfigError("train.kl_reference='adapter' needs model.lora=true; use kl_reference='copy' for full fine-tuning")
-        if self.train.best_worst_k and algo not in ("grpo", "pref_grpo"):
-            raise ConfigError(f"train.best_worst_k ranks the samples of a group: it applies to grpo and pref_grpo, "
-                              f"not {algo}; set it to 0")
+        if self.train.best_worst_k and algo not in ("grpo", "grpo_guard", "pref_grpo"):
+            raise ConfigError(f"train.best_worst_k ranks the samples of a group: it applies to grpo, grpo_guard and "
+                              f"pref_grpo, not {algo}; set it to 0")
         if self.train.noise_aware_weight and algo in _FORWARD_PROCESS:
             raise ConfigError(f"train.noise_aware_weight weights the per-step policy-gradient loss of grpo, pref_grpo "
                               f"and ddpo; {algo} has none: set it to false")

@@ -275,7 +275,7 @@ def accepted_options(fn: Callable[..., Any]) -> tuple[list[str], bool]:
         ret = typing.get_type_hints(fn).get("return")
     except Exception:  # noqa: BLE001 - unresolvable annotations: list what the signature shows
         ret = fn if isinstance(fn, type) else None
-    for cls in ret.__mro__ if is_reward_class(ret) else ():
+    for cls in ret.__mro__ if ret is not None and is_reward_class(ret) else ():
         init = cls.__dict__.get("__init__")
         if init is None:
             continue

@@ -120,6 +120,15 @@ def _inputs_to_fp32(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple
     return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
 
 
+def _slot_tensor(module: torch.nn.Module, key: str) -> torch.Tensor:
+    """The parameter or buffer `key` of `module` (an fp32 slot always names one of them)."""
+    t: torch.Tensor | None = module._parameters.get(key)
+    t = module._buffers.get(key) if t is None else t
+    if t is None:
+        raise KeyError(f"{type(module).__name__} has no parameter or buffer {key!r}")
+    return t
+
+
 class Reward(torch.nn.Module):
     """Base class of every reward.
 
@@ -184,7 +193,7 @@ class Reward(torch.nn.Module):
         # Every cast (.to, .half, .bfloat16) goes through _apply. The fp32 islands get their values from
         # before the cast back: a round trip through bf16 would already have rounded them.
         slots = self._fp32_slots()
-        before = {(id(m), k): m._parameters.get(k, m._buffers.get(k)).data for m, k in slots}
+        before = {(id(m), k): _slot_tensor(m, k).data for m, k in slots}
         super()._apply(fn, recurse)
         for m, k in slots:
             t, old = m._parameters.get(k, m._buffers.get(k)), before[(id(m), k)]
@@ -200,7 +209,7 @@ class Reward(torch.nn.Module):
         for target in self._fp32_targets():
             if isinstance(target, torch.nn.Module) and not getattr(target, "_mmreward_fp32_inputs", False):
                 target.register_forward_pre_hook(_inputs_to_fp32, with_kwargs=True)
-                target._mmreward_fp32_inputs = True
+                setattr(target, "_mmreward_fp32_inputs", True)  # noqa: B010 - a flag on a torch Module
         return self
 
     def _fp32_targets(self) -> list[tuple[torch.nn.Module, str] | torch.nn.Module]:
@@ -235,8 +244,8 @@ class Reward(torch.nn.Module):
     def device(self) -> torch.device:
         for t in self.parameters():
             return t.device
-        for t in self.buffers():
-            return t.device
+        for b in self.buffers():
+            return b.device
         return torch.device("cpu")
 
     @property
@@ -268,7 +277,7 @@ class Reward(torch.nn.Module):
         originals, and each family casts the preprocessed pixels to its compute dtype. A reward with a
         `card_fps` keeps the frames its card samples: files at their own rate, clip tensors at `fps`
         (default `clip_fps`; without either a tensor keeps every frame)."""
-        modality = self.modalities[0] if len(self.modalities) == 1 else "auto"
+        modality: Any = self.modalities[0] if len(self.modalities) == 1 else "auto"
         batch = media_io.to_batch(media, modality=modality, value_range=value_range, device=self.device,
                                   alpha=self.media_alpha, **self.video_load_options(fps))
         dtype = torch.promote_types(self.dtype, torch.float32)
@@ -331,7 +340,9 @@ class Reward(torch.nn.Module):
                 if meta_list is None:
                     part = self._score(prompt_list[start:stop], batch[start:stop])
                 else:
-                    part = self._score(prompt_list[start:stop], batch[start:stop], metadata=meta_list[start:stop])
+                    # only rewards with accepts_metadata get here (_check_metadata), and their _score takes it
+                    part = self._score(prompt_list[start:stop], batch[start:stop],  # type: ignore[call-arg]
+                                       metadata=meta_list[start:stop])
                 self._check_output(part, stop - start)
                 parts.append(part)
             out = RewardOutput.concat(parts) if len(parts) > 1 else parts[0]

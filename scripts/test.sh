@@ -9,6 +9,7 @@ if ! command -v tesseract >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/python -m ruff check .
+.venv/bin/python -m mypy  # the public modules listed in pyproject.toml [tool.mypy]
 # the docs site, warnings as errors: a broken link or a stale generated reference page fails here
 DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --quiet \
   --site-dir "$(mktemp -d)"

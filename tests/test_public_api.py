@@ -54,3 +54,8 @@ def test_packages_are_typed(package):
     import importlib.resources
 
     assert importlib.resources.files(package).joinpath("py.typed").is_file()
+
+
+def test_lazy_tables_match_all():
+    assert set(diffusion_rl.__all__) == set(diffusion_rl._EXPORTS)
+    assert set(vlm_rm.__all__) == set(vlm_rm._EXPORTS) | {"easyr1", "verl"}

@@ -22,7 +22,7 @@ _EXPORTS = {
     "media_ref": "vlm_rm.adapters.media_refs",
 }
 
-__all__ = sorted([*_EXPORTS, "easyr1", "verl"])
+__all__ = ["VLMRMReward", "easyr1", "media_ref", "run_benchmark", "trl_reward_function", "verl", "vlm_rm_reward"]
 
 if TYPE_CHECKING:
     from vlm_rm.adapters import easyr1, verl
