@@ -108,11 +108,17 @@ class ShapesVQAReward(ResponseReward):
                 for q, m, r, ref in zip(questions, media, responses, references)
             ])
         parsed_questions = [parse_question(q) for q in questions]
-        det = detect(media[:, :3])
+        # the detector runs only on the images whose truth it decides (captions, answers without a reference):
+        # given references, a GRPO batch of short answers is checked without it
+        need = [i for i, ((kind, _), ref) in enumerate(zip(parsed_questions, references))
+                if kind == "caption" or ref is None]
+        row = {i: j for j, i in enumerate(need)}
+        det = detect(media[need, :3]) if need else None
         objs: list[list[tuple[str, str, tuple, tuple]]] = [[] for _ in range(len(responses))]
-        for b, s, c, center, size in zip(det.image.tolist(), det.shape.tolist(), det.color.tolist(),
-                                         det.center.tolist(), det.size.tolist()):
-            objs[b].append((SHAPES[s], COLORS[c], tuple(center), tuple(size)))
+        if det is not None:
+            for b, s, c, center, size in zip(det.image.tolist(), det.shape.tolist(), det.color.tolist(),
+                                             det.center.tolist(), det.size.tolist()):
+                objs[need[b]].append((SHAPES[s], COLORS[c], tuple(center), tuple(size)))
         kinds, fmt, parsed, correct, why = [], [], [], [], []
         for i, ((kind, slots), response, reference) in enumerate(zip(parsed_questions, responses, references)):
             span, format_ok = extract_answer(response)
@@ -124,7 +130,7 @@ class ShapesVQAReward(ResponseReward):
                     from mmreward.synthetic.captions import parse_prompt
 
                     spec = parse_prompt(answer)
-                    mine = det.for_image(i)
+                    mine = det.for_image(row[i])
                     mine.image = torch.zeros_like(mine.image)  # its own batch of one
                     holds = bool(check([spec], mine).strict[0])
                     ok = holds and spec.num_objects == len(objs[i])
