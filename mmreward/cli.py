@@ -127,7 +127,8 @@ def _add_train_serve_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="force the CPU")
 
-    s = sub.add_parser("serve", help="serve a reward over HTTP on Ray Serve (loopback, bearer token by default)")
+    s = sub.add_parser("serve", help="serve a reward over HTTP, on Ray Serve or in-process (loopback, bearer token "
+                       "by default)")
     s.add_argument("--reward", required=True, help="registered name or source")
     s.add_argument("--checkpoint", default=None)
     s.add_argument("--weights", default="pretrained", choices=["pretrained", "random"])
@@ -143,6 +144,8 @@ def _add_train_serve_parsers(sub) -> None:
     s.add_argument("--max-request-bytes", type=int, default=64 * 2**20)
     s.add_argument("--num-replicas", type=int, default=1)
     s.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
+    s.add_argument("--engine", default="ray", choices=["ray", "local"],
+                   help="ray: Ray Serve replicas; local: the reward in this process, no Ray (docs/serving.md)")
     h = s.add_argument_group("HTTP limits", "what one client may make the server hold, and for how long")
     h.add_argument("--max-header-line-bytes", type=int, default=8192, help="request line and each header line")
     h.add_argument("--max-headers", type=int, default=100, help="header fields per request")
@@ -625,11 +628,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         num_replicas=args.num_replicas, num_gpus=args.num_gpus, max_header_line_bytes=args.max_header_line_bytes,
         max_headers=args.max_headers, max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
         idle_timeout_s=args.idle_timeout_s, body_timeout_s=args.body_timeout_s, max_connections=args.max_connections,
+        engine=args.engine,
     )
     if cfg.auth and not (args.token or os.environ.get("MMREWARD_TOKEN")):
         print(f"mmreward serve: generated bearer token: {cfg.token}", file=sys.stderr, flush=True)
     url = start(cfg)
-    print(f"mmreward serve: '{args.reward}' at {url} (POST /score, /compare; GET /healthz)", file=sys.stderr, flush=True)
+    print(f"mmreward serve: '{args.reward}' at {url} (POST /score, /compare, /scorer; GET /healthz, /metrics)", file=sys.stderr, flush=True)
     import time
 
     try:

@@ -288,3 +288,56 @@ def test_micro_batcher_reports_queue_depth_and_merges_what_waited():
 def test_engine_is_validated():
     with pytest.raises(mmreward.ConfigError, match="engine"):
         ServeConfig(engine="threads")
+
+
+# ---------------------------------------------------------------------------------------------- the CLI (slow)
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_cli_server_speaks_the_scorer_protocol(engine, local):
+    """`mmreward serve --engine ...` in its own process, as a user starts it, scored by flow_grpo's client."""
+    import os
+    import secrets
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_urlsafe(16)
+    proc = subprocess.Popen([sys.executable, "-m", "mmreward", "serve", "--reward", REWARD, "--engine", engine,
+                             "--port", str(port), "--token", token], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "no /healthz within 240 s"
+            time.sleep(0.3)
+        images = _images(3, 16, 16, 11)
+        prompts = ["a", "b", "c"]
+        scores, _ = flow_grpo_remote_scorer(f"{url}/?token={token}")(images, prompts, None)
+        uint8 = (images * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+        want = local.score(prompts, torch.stack([_decoded(_jpeg(x)) for x in uint8])).scores.numpy()
+        np.testing.assert_allclose(scores, want, rtol=0, atol=1e-6)
+        req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            metrics = json.loads(r.read())
+        assert metrics["requests"] == {"scorer": 1} and metrics["batches"]["items"] == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
