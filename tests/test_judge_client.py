@@ -165,6 +165,16 @@ def test_bad_settings_are_refused():
         OpenAIChatBackend(URL, "m", image_format="bmp")
 
 
+def test_judge_loaders_pass_backoff_and_extra_body_to_the_client():
+    import mmreward
+
+    judge = mmreward.load("unifiedreward", backend="openai", base_url=URL, checkpoint="served",
+                          extra_body={"top_k": 1}, backoff=0.2, max_concurrency=3)
+    backend = judge.backend
+    assert isinstance(backend, OpenAIChatBackend) and backend.model == "served"
+    assert (backend.extra_body, backend.backoff, backend.max_concurrency) == ({"top_k": 1}, 0.2, 3)
+
+
 # ---------------------------------------------------------------------------------------------- live server (slow)
 HERE = Path(__file__).resolve().parent
 

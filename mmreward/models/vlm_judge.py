@@ -367,7 +367,7 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
                  api_key: str | None = None, tiny: bool = False, min_pixels: int | None = None,
                  max_pixels: int | None = None, max_new_tokens: int = 256, timeout: float = 60.0,
                  max_retries: int = 3, max_concurrency: int = 8, image_format: str = "png",
-                 qwen_pixels: bool = False):
+                 qwen_pixels: bool = False, backoff: float = 0.5, extra_body: dict | None = None):
     """A judge backend. `qwen_pixels=True` (the judges): unset pixel bounds follow qwen_vl_utils' per-medium
     defaults, as the originals' scripts; otherwise 4*28*28..448*448 (the other generative families)."""
     from mmreward.judges.backends import OpenAIChatBackend, TransformersBackend
@@ -377,7 +377,7 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
             raise RewardInputError("backend='openai' needs base_url, e.g. 'http://127.0.0.1:8000/v1'")
         return OpenAIChatBackend(base_url, str(checkpoint or "default"), api_key=api_key, timeout=timeout,
                                  max_retries=max_retries, max_concurrency=max_concurrency, max_tokens=max_new_tokens,
-                                 image_format=image_format)
+                                 image_format=image_format, backoff=backoff, extra_body=extra_body)
     if backend != "transformers":
         raise RewardInputError(f"backend must be 'transformers' or 'openai', got {backend!r}")
     from mmreward.models import _qwen_vl
@@ -400,7 +400,7 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
 
 
 _BACKEND_KEYS = ("backend", "base_url", "api_key", "tiny", "min_pixels", "max_pixels", "max_new_tokens", "timeout",
-                 "max_retries", "max_concurrency", "image_format")
+                 "max_retries", "max_concurrency", "image_format", "backoff", "extra_body")
 
 
 def _load(family: str, checkpoint, weights, options) -> VLMJudge:
