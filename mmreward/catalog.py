@@ -348,6 +348,22 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         card_options=_values("min_pixels", "max_pixels"),
     ),
     RewardSpec(
+        name="r1-reward",
+        loader="mmreward.models.r1_reward:load_r1_reward",
+        description="R1-Reward: a Qwen2.5-VL-7B critic that reasons, then says which of two responses to a question "
+        "about an image is better (compare_responses; score_responses against a reference answer)",
+        default_checkpoint="yifanzhang114/R1-Reward",
+        requires=("transformers",),
+        score_range="[0, 1]: P(response better than the reference answer, or than an empty response without one), "
+        "the mean of both orders' 0/1 verdicts",
+        preprocess="qwen_vl_utils fetch_image (smart_resize, Pillow's 8-bit bicubic) under the script's processor bound "
+        "max_pixels=501760; make_conv_rm's prompt after the image, generation prompt; greedy decoding; the script's "
+        "<answer> parse (anything but 1 counts as Response 2)",
+        tiny_options={"tiny": True, "mode": "soft"},
+        card_options=_values("min_pixels", "max_pixels", "mode", "debias", "samples", "temperature", "seed",
+                             "max_new_tokens"),
+    ),
+    RewardSpec(
         name="shapes-video-eval",
         loader="mmreward.models.shapes_video_eval:load_shapes_video_eval",
         description="Moving-shapes clips' exact checker: shape, colour per frame, count, motion direction and speed",

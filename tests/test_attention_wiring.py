@@ -22,7 +22,8 @@ from mmreward.testing.conformance import PROMPTS, sample_media
 # exposing its attention modules (the choice would not reach them) fails the enumeration test.
 ATTENTION_FAMILIES = {
     "aesthetic", "clipscore", "editreward", "editscore", "geneval", "hpsv2", "hpsv2.1", "hpsv3", "imagereward", "paco-reward", "pickscore",
-    "preference-head", "realgen-detectors", "realism-classifier", "shapesworld-aesthetic", "shapesworld-pref", "skywork-vl-reward",
+    "preference-head", "r1-reward", "realgen-detectors", "realism-classifier", "shapesworld-aesthetic", "shapesworld-pref",
+    "skywork-vl-reward",
     "unifiedreward", "unifiedreward-think", "univfd", "videoalign", "videoscore2", "vqascore",
 }
 # relative tolerance of sdpa vs the explicit math path in fp32 (different summation order only)

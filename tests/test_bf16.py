@@ -105,7 +105,9 @@ def load_pair(name: str):
 
 # response rewards score (question, image, response): no float network that bf16 could change, and the test batch
 # has no responses to score
-NOT_COMPARED = {"shapes-vqa": "an exact answer checker (ResponseReward); no network"}
+NOT_COMPARED = {"shapes-vqa": "an exact answer checker (ResponseReward); no network",
+                "r1-reward": "a generative pairwise critic: its default output is a 0/1 verdict per order (bf16 drift "
+                "of the soft mode not measured)"}
 
 
 def test_every_image_family_is_covered():

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_NAMES = [
     "aesthetic", "clipscore", "editreward", "editscore", "face-mtcnn", "geneval", "hpsv2", "hpsv2.1", "hpsv3", "imagenet-classifier",
     "imagereward", "jpeg-compressibility", "jpeg-incompressibility", "mock", "motion", "nudenet", "ocr", "open-nsfw",
-    "paco-reward", "pickscore", "preference-head", "realgen-detectors", "realism-classifier", "shapes-edit-eval", "shapes-eval",
+    "paco-reward", "pickscore", "preference-head", "r1-reward", "realgen-detectors", "realism-classifier", "shapes-edit-eval", "shapes-eval",
     "shapes-video-eval", "shapes-vqa",
     "shapesworld-aesthetic", "shapesworld-pref", "skywork-vl-reward", "temporal-consistency", "unifiedreward", "unifiedreward-think",
     "univfd", "video-frames", "videoalign", "videoscore2", "vqascore",
