@@ -130,6 +130,15 @@ def adapter_for_config(pipeline: Any, model_cfg: Any) -> PipelineAdapter:
             raise ConfigError(f"model.{key}={value!r} is for {model} pipelines; {type(pipeline).__name__} has no "
                               f"such setting: leave model.{key} unset")
         setattr(adapter, key, float(value) if key != "lora_experts" else value)
+    # LTX-2's guidance arguments: checked together by the adapter, an error for any other pipeline
+    from diffusion_rl.adapters.ltx2 import LTX2_GUIDANCE_KEYS
+
+    ltx2 = {key: getattr(model_cfg, key) for key in LTX2_GUIDANCE_KEYS if getattr(model_cfg, key, None) is not None}
+    if ltx2:
+        if not hasattr(adapter, "configure_guidance"):
+            raise ConfigError(f"model.{next(iter(ltx2))} is an LTX-2 (LTX2Pipeline) guidance setting; "
+                              f"{type(pipeline).__name__} has no such setting: leave model.{next(iter(ltx2))} unset")
+        adapter.configure_guidance(**ltx2)
     return adapter
 
 

@@ -55,8 +55,9 @@ def _adapter(pipe, **kw) -> LTX2Adapter:
 
 
 def _call_kwargs(g: float, g_audio: float | None, rescale: float) -> dict:
-    # STG and modality-isolation guidance off (the adapter does not implement them); `audio_* or video` is how
-    # the pipeline defaults the audio values, so None picks the video scale there too
+    # STG and modality-isolation guidance off (the adapter's defaults; both are compared with the pipeline at the
+    # end of this file); `audio_* or video` is how the pipeline defaults the audio values, so None picks the video
+    # scale there too
     return {"negative_prompt": [""] * len(PROMPTS), "height": H, "width": W, "num_frames": FRAMES,
             "frame_rate": FPS, "guidance_scale": g, "audio_guidance_scale": g_audio, "guidance_rescale": rescale,
             "audio_guidance_rescale": None, "stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0,
@@ -118,7 +119,8 @@ def test_ode_rollout_equals_the_ltx2_pipeline(ltx2_pipe, g, g_audio, rescale):
                   actual=traj.images, expected=ref.frames, cases=[case])
     record_parity("ltx2", original="diffusers==0.42.1 LTX2Pipeline.__call__ (audio waveform)", how="package",
                   actual=wave, expected=ref.audio, cases=[case],
-                  not_checked="STG and modality-isolation guidance (not implemented: stg 0, modality 1)")
+                  not_checked="STG and modality-isolation guidance (off here: stg 0, modality 1; compared in "
+                              "test_ode_rollout_with_stg_modality_and_audio_guidance_equals_the_ltx2_pipeline)")
     assert_close_scaled(video_n, ref_lat.frames, rel=1e-5)
     assert_close_scaled(adapter.audio_latents(traj.latents[:, -1]), ref_lat.audio, rel=1e-5)
     assert traj.images.shape == ref.frames.shape == (2, FRAMES, 3, H, W)
@@ -296,3 +298,87 @@ def test_one_diffusion_nft_iteration_trains_the_lora(ltx2_folder, tmp_path):
     assert all(math.isfinite(float(v)) for k, v in metrics.items() if isinstance(v, (int, float)))
     assert trainer.last_images.shape == (4, FRAMES, 3, H, W)
     assert sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable)) > 0
+
+
+# -- LTX2Pipeline's other guidance terms: spatio-temporal (STG), modality isolation, per-stream audio settings ----
+GUIDANCE = {"audio_guidance_scale": 7.0, "guidance_rescale": 0.7, "audio_guidance_rescale": 0.5, "stg_scale": 1.0,
+            "audio_stg_scale": 0.5, "modality_scale": 3.0, "audio_modality_scale": 2.0,
+            "spatio_temporal_guidance_blocks": [1]}
+
+
+@pytest.fixture(scope="module")
+def ltx2_stg_pipe(tmp_path_factory):
+    """The tiny pipeline with STG-capable blocks (transformer config perturbed_attn=True, as LTX-2.3's)."""
+    from diffusion_rl.pipelines import load_pipeline
+    from mmreward.testing.tiny_ltx2 import save_tiny_ltx2_pipeline
+
+    return load_pipeline(str(save_tiny_ltx2_pipeline(tmp_path_factory.mktemp("ltx2_stg") / "pipe", seed=0,
+                                                     perturbed_attn=True)))
+
+
+def _configured(pipe, **settings) -> LTX2Adapter:
+    """The adapter a run builds from its model section (diffusion_rl.pipelines.adapter_for_config)."""
+    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.pipelines import adapter_for_config
+
+    cfg = ModelConfig(pretrained="unused", height=H, width=W, num_frames=FRAMES, fps=FPS, max_sequence_length=MSL,
+                      **settings)
+    return adapter_for_config(pipe, cfg)
+
+
+@pytest.mark.parity
+@torch.no_grad()
+def test_ode_rollout_with_stg_modality_and_audio_guidance_equals_the_ltx2_pipeline(ltx2_stg_pipe):
+    """Every guidance term LTX2Pipeline.__call__ adds (diffusers 0.42.1: CFG, STG at the named blocks, modality
+    isolation, per-stream audio scales, rescale) set from run-config keys: the ODE rollout's final video and audio
+    latents equal the pipeline's from the same initial latents to rel 1e-5 of their scale (float32 rounding of the
+    extra passes); each extra term moves the result by far more than that tolerance."""
+    pipe = ltx2_stg_pipe
+    adapter = _configured(pipe, **GUIDANCE)
+    assert adapter.spatio_temporal_guidance_blocks == [1] and adapter.audio_modality_scale == 2.0
+    emb = adapter.encode(PROMPTS)
+
+    def final(a: LTX2Adapter) -> torch.Tensor:
+        return rollout(a, emb, [0, 1], [0, 0], num_steps=3, guidance_scale=3.0, kernel=Kernel("ode", 0.0),
+                       decode=False).latents
+
+    traj = final(adapter)
+    video0, _ = adapter.split_latents(traj[:, 0])
+    vae = pipe.vae
+    video_in = pipe._denormalize_latents(video0, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    kw = {**_call_kwargs(3.0, GUIDANCE["audio_guidance_scale"], GUIDANCE["guidance_rescale"]), **GUIDANCE}
+    ref = pipe(prompt=list(PROMPTS), num_inference_steps=3, latents=video_in.clone(),
+               audio_latents=adapter.audio_latents(traj[:, 0]).clone(), output_type="latent", **kw)
+    video_n, _ = adapter.split_latents(traj[:, -1])
+    video_n = pipe._denormalize_latents(video_n, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    assert_close_scaled(video_n, ref.frames, rel=1e-5)
+    assert_close_scaled(adapter.audio_latents(traj[:, -1]), ref.audio, rel=1e-5)
+    record_parity("ltx2", original="diffusers==0.42.1 LTX2Pipeline.__call__ (STG, modality, audio guidance)",
+                  how="package", actual=video_n, expected=ref.frames,
+                  cases=["3 steps, cfg 3/7, stg 1/0.5 at block 1, modality 3/2, rescale 0.7/0.5"])
+    scale = float(traj[:, -1].abs().max())
+    for off in ({"stg_scale": 0.0, "audio_stg_scale": 0.0}, {"modality_scale": 1.0, "audio_modality_scale": 1.0},
+                {"audio_stg_scale": 0.0}, {"audio_guidance_rescale": 0.0}):
+        other = final(_configured(pipe, **{**GUIDANCE, **off}))
+        assert float((other[:, -1] - traj[:, -1]).abs().max()) > 1e-3 * scale, off
+
+
+def test_bad_guidance_settings_are_config_errors(ltx2_pipe, ltx2_stg_pipe):
+    from diffusion_rl.config import ModelConfig
+
+    with pytest.raises(ConfigError, match="model.stg_scale"):
+        ModelConfig(pretrained="x", stg_scale=-1.0)
+    with pytest.raises(ConfigError, match="spatio_temporal_guidance_blocks"):
+        _configured(ltx2_stg_pipe, stg_scale=1.0)  # STG without blocks (the pipeline's ValueError)
+    with pytest.raises(ConfigError, match="blocks 0..1"):
+        _configured(ltx2_stg_pipe, stg_scale=1.0, spatio_temporal_guidance_blocks=[28])
+    with pytest.raises(ConfigError, match="perturbed_attn=False"):  # STG would change nothing on this transformer
+        _configured(ltx2_pipe, stg_scale=1.0, spatio_temporal_guidance_blocks=[0])
+    with pytest.raises(ConfigError, match=r"audio_guidance_rescale must be in \[0, 1\]"):
+        _configured(ltx2_pipe, audio_guidance_rescale=2.0)
+    adapter = _adapter(ltx2_stg_pipe)
+    with pytest.raises(ConfigError, match="modality_scale must be a finite number"):
+        adapter.configure_guidance(modality_scale=float("nan"))
+    with pytest.raises(ConfigError, match="do not exist"):
+        adapter.configure_guidance(cfg_scale=2.0)
+    assert adapter.modality_scale == 1.0 and adapter.stg_scale == 0.0  # a rejected setting changes nothing

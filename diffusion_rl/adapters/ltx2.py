@@ -24,12 +24,22 @@ As LTX2Pipeline.__call__ (diffusers 0.42.1) samples:
   sequence length (base 1024 -> 0.95, max 4096 -> 2.05 by default), one schedule for both streams;
 - the transformer gets `timestep = sigma = t`, the rotary coordinates of the video grid at the conditioning
   frame rate and of the audio frames, and `use_cross_timestep` (the pipeline's default True);
-- guidance in x0 space, per stream: x0 = x - sigma v, x0 = x0_c + (g - 1)(x0_c - x0_u), then the optional
-  rescale (`guidance_rescale`, `audio_guidance_rescale`) and back to a velocity. `guidance_scale` is the video
-  scale; `audio_guidance_scale` (None: the video one) the audio's, as the pipeline's arguments of those names.
-  Spatio-temporal guidance and modality-isolation guidance (extra transformer passes with perturbed blocks)
-  are not implemented: the ODE path equals the pipeline called with stg_scale=0, audio_stg_scale=0,
-  modality_scale=1, audio_modality_scale=1;
+- guidance in x0 space, per stream, as the pipeline's denoising loop adds its terms: x0 = x - sigma v of the
+  conditional pass, plus the CFG delta (g - 1)(x0_c - x0_u) (a [negative, positive] batch, when either stream's
+  scale is > 1), plus the spatio-temporal guidance (STG) delta s (x0_c - x0_stg) from one more conditional pass
+  whose self-attention is skipped at the blocks `spatio_temporal_guidance_blocks` (the transformer's own
+  perturbation: those blocks' video and audio self-attention output their value projection; run when either
+  stream's stg scale is > 0), plus the modality-isolation delta (m - 1)(x0_c - x0_iso) from a conditional pass
+  with the audio<->video cross-attention off (run when either stream's modality scale is > 1), then the optional
+  rescale of the sum towards x0_c (`guidance_rescale`, `audio_guidance_rescale`) and back to a velocity.
+  `guidance_scale` is the video CFG scale; `audio_guidance_scale`, `audio_stg_scale`, `audio_modality_scale`,
+  `audio_guidance_rescale` (None: the video value) the audio's, `stg_scale` and `modality_scale` the video's, as
+  the pipeline's arguments of those names. One difference: the pipeline defaults an audio value with
+  `audio or video`, so an audio 0 there means the video value; here 0 means 0. The adapter's defaults (stg 0,
+  modality 1, rescale 0) are plain CFG; LTX2Pipeline's own call defaults are stg 1 at block 28, modality 3,
+  rescale 0.7. STG needs a transformer built with `perturbed_attn=True` (its config): without it diffusers'
+  blocks ignore the perturbation, the STG pass equals the conditional one, and a stg scale is a ConfigError
+  rather than a silent extra forward;
 - decoding denormalises the video latents with the VAE's mean/std/scaling factor (timestep-conditioned
   decoders get `decode_timestep` and fixed-seed noise, as the LTX adapter), the audio latents with the audio
   VAE's mean/std, unpacks them to (B, C, L, M) mel latents, and runs the audio VAE and the vocoder.
@@ -37,6 +47,7 @@ As LTX2Pipeline.__call__ (diffusers 0.42.1) samples:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,12 +62,17 @@ LTX2_MAX_SEQUENCE_LENGTH = 1024  # LTX2Pipeline.__call__'s default
 # every attention of the transformer: video self/cross (attn1, attn2), audio self/cross (audio_attn1/2) and the
 # audio<->video cross-modal attentions all name their projections to_q/to_k/to_v/to_out.0
 LTX2_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+# LTX2Pipeline.__call__'s guidance arguments the adapter takes (`configure_guidance`); the run config's model section
+# has a key of each name (diffusion_rl.config.ModelConfig), None = the adapter's value
+LTX2_GUIDANCE_KEYS = ("audio_guidance_scale", "guidance_rescale", "audio_guidance_rescale", "stg_scale",
+                      "audio_stg_scale", "modality_scale", "audio_modality_scale", "spatio_temporal_guidance_blocks")
 
 
 class LTX2Adapter(VideoAdapter):
     """diffusers' LTX2Pipeline: joint video + audio flow matching (see the module docstring for the state)."""
 
     family = "ltx2"
+    block_classes = ("LTX2VideoTransformerBlock",)
     is_flow = True
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,
@@ -64,7 +80,9 @@ class LTX2Adapter(VideoAdapter):
                  frame_rate: float = LTX2_DEFAULT_FRAME_RATE, audio_guidance_scale: float | None = None,
                  guidance_rescale: float = 0.0, audio_guidance_rescale: float | None = None,
                  use_cross_timestep: bool = True, decode_timestep: float = 0.0,
-                 decode_noise_scale: float | None = None) -> None:
+                 decode_noise_scale: float | None = None, stg_scale: float = 0.0, audio_stg_scale: float | None = None,
+                 modality_scale: float = 1.0, audio_modality_scale: float | None = None,
+                 spatio_temporal_guidance_blocks: Sequence[int] | None = None) -> None:
         spatial = int(pipeline.vae_spatial_compression_ratio)
         temporal = int(pipeline.vae_temporal_compression_ratio)
         patch, patch_t = int(pipeline.transformer_spatial_patch_size), int(pipeline.transformer_temporal_patch_size)
@@ -75,16 +93,68 @@ class LTX2Adapter(VideoAdapter):
         self._patch, self._patch_t = patch, patch_t
         self.frame_rate = LTX2_DEFAULT_FRAME_RATE
         self.fps = frame_rate  # checked by the setter
-        for name, value in (("guidance_rescale", guidance_rescale), ("audio_guidance_rescale", audio_guidance_rescale)):
-            if value is not None and not 0.0 <= float(value) <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1] (LTX2Pipeline's rescale factor phi), got {value}")
-        self.audio_guidance_scale = audio_guidance_scale
-        self.guidance_rescale = float(guidance_rescale)
-        self.audio_guidance_rescale = audio_guidance_rescale
+        self.audio_guidance_scale: float | None = None
+        self.guidance_rescale, self.audio_guidance_rescale = 0.0, None
+        self.stg_scale, self.audio_stg_scale, self.modality_scale, self.audio_modality_scale = 0.0, None, 1.0, None
+        self.spatio_temporal_guidance_blocks: list[int] | None = None
+        self.configure_guidance(audio_guidance_scale=audio_guidance_scale, guidance_rescale=guidance_rescale,
+                                audio_guidance_rescale=audio_guidance_rescale, stg_scale=stg_scale,
+                                audio_stg_scale=audio_stg_scale, modality_scale=modality_scale,
+                                audio_modality_scale=audio_modality_scale,
+                                spatio_temporal_guidance_blocks=spatio_temporal_guidance_blocks)
         self.use_cross_timestep = bool(use_cross_timestep)
         self.decode_timestep = float(decode_timestep)
         self.decode_noise_scale = float(decode_timestep if decode_noise_scale is None else decode_noise_scale)
         self._sigma_of: dict[float, float] = {}
+
+    def configure_guidance(self, **settings) -> None:
+        """Set LTX2Pipeline's guidance arguments (LTX2_GUIDANCE_KEYS; an audio value of None follows the video
+        one), checked together: a ConfigError names a bad value and how to fix it, and nothing is changed then."""
+        unknown = sorted(set(settings) - set(LTX2_GUIDANCE_KEYS))
+        if unknown:
+            raise ConfigError(f"LTX-2 guidance settings {unknown} do not exist; the settings are {list(LTX2_GUIDANCE_KEYS)}")
+        new = {k: getattr(self, k) for k in LTX2_GUIDANCE_KEYS}
+        new.update(settings)
+        for name in LTX2_GUIDANCE_KEYS[:-1]:
+            value = new[name]
+            if value is None:
+                if name in ("guidance_rescale", "stg_scale", "modality_scale"):
+                    raise ConfigError(f"{name} must be a number (the video stream's), got None")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0 (LTX2Pipeline's argument of that name), "
+                                  f"got {value!r}")
+            if "rescale" in name and value > 1:
+                raise ConfigError(f"{name} must be in [0, 1] (LTX2Pipeline's rescale factor phi), got {value}")
+            new[name] = float(value)
+        blocks = new["spatio_temporal_guidance_blocks"]
+        n_blocks = len(self.denoiser.transformer_blocks)
+        if blocks is not None:
+            if isinstance(blocks, (str, int)) or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                          for b in blocks):
+                raise ConfigError(f"spatio_temporal_guidance_blocks must be a list of transformer block indices "
+                                  f"such as [28], got {blocks!r}")
+            blocks = sorted(set(int(b) for b in blocks))
+            if blocks and (blocks[0] < 0 or blocks[-1] >= n_blocks):
+                raise ConfigError(f"spatio_temporal_guidance_blocks {blocks}: this transformer has blocks 0.."
+                                  f"{n_blocks - 1}")
+            new["spatio_temporal_guidance_blocks"] = blocks or None
+        stg = [new["stg_scale"], new["audio_stg_scale"] if new["audio_stg_scale"] is not None else new["stg_scale"]]
+        if max(stg) > 0:
+            if not new["spatio_temporal_guidance_blocks"]:
+                raise ConfigError(f"stg_scale/audio_stg_scale {stg} > 0 need spatio_temporal_guidance_blocks (the "
+                                  "blocks whose self-attention STG skips, e.g. [28]); set them or set the scales to 0")
+            if not any(getattr(b, "perturbed_attn", False) for b in self.denoiser.transformer_blocks):
+                raise ConfigError(f"stg_scale/audio_stg_scale {stg} > 0, but this LTX-2 transformer is built with "
+                                  "perturbed_attn=False, so its blocks ignore the STG perturbation and the extra pass "
+                                  "would change nothing; set stg_scale and audio_stg_scale to 0")
+        for name, value in new.items():
+            setattr(self, name, value)
+
+    def _audio(self, name: str) -> float:
+        """The audio stream's value of a guidance setting (its audio_ key, or the video's when that is None)."""
+        value = getattr(self, "audio_" + name)
+        return float(getattr(self, name) if value is None else value)
 
     # -- geometry -----------------------------------------------------------------------------
     @property
@@ -175,8 +245,11 @@ class LTX2Adapter(VideoAdapter):
         audio = guidance_scale if self.audio_guidance_scale is None else self.audio_guidance_scale
         return guidance_scale > 1.0 or audio > 1.0  # LTX2Pipeline.do_classifier_free_guidance
 
-    def _forward(self, model, x, t, embeds, guidance_scale):
-        """(video velocity tokens (B, S_v, C), audio velocity tokens (B, L, D_a)) at states x (B, N)."""
+    def _forward(self, model, x, t, embeds, guidance_scale, isolate_modalities: bool = False,
+                 stg_blocks: list[int] | None = None):
+        """(video velocity tokens (B, S_v, C), audio velocity tokens (B, L, D_a)) at states x (B, N); with
+        `stg_blocks` those blocks skip self-attention (STG), with `isolate_modalities` the audio<->video
+        cross-attention is off, as LTX2Pipeline's extra guidance passes call the transformer."""
         from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
         video, audio = self.split_latents(x)
@@ -192,36 +265,59 @@ class LTX2Adapter(VideoAdapter):
             audio_encoder_hidden_states=tensors["audio_embeds"], timestep=t, sigma=t,
             encoder_attention_mask=tensors["attention_mask"], audio_encoder_attention_mask=tensors["attention_mask"],
             num_frames=f, height=hh, width=ww, fps=fps, audio_num_frames=audio.shape[1], video_coords=video_coords,
-            audio_coords=audio_coords, isolate_modalities=False, spatio_temporal_guidance_blocks=None,
-            perturbation_mask=None, use_cross_timestep=self.use_cross_timestep, return_dict=False,
+            audio_coords=audio_coords, isolate_modalities=isolate_modalities,
+            spatio_temporal_guidance_blocks=stg_blocks, perturbation_mask=None,
+            use_cross_timestep=self.use_cross_timestep, return_dict=False,
         )
 
     def predict(self, model: torch.nn.Module, x: torch.Tensor, t: torch.Tensor, embeds: PromptEmbeds,
                 guidance_scale: float) -> torch.Tensor:
-        """The joint velocity (B, N) at states x, with LTX2Pipeline's per-stream x0-space guidance."""
+        """The joint velocity (B, N) at states x, with LTX2Pipeline's per-stream x0-space guidance terms (CFG,
+        STG, modality isolation, then the rescale; see the module docstring)."""
         from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
 
         x_in = x.to(self.model_dtype)
-        if not self.uses_cfg(guidance_scale):
+        cfg = self.uses_cfg(guidance_scale)
+        stg = max(self.stg_scale, self._audio("stg_scale")) > 0.0  # LTX2Pipeline.do_spatio_temporal_guidance
+        iso = max(self.modality_scale, self._audio("modality_scale")) > 1.0  # .do_modality_isolation_guidance
+        if not (cfg or stg or iso):
             v_video, v_audio = self._forward(model, x_in, t, embeds, guidance_scale)
             return self._join_velocity(v_video.float(), v_audio.float())
-        neg = self.negative().expand(len(embeds))
-        v_video, v_audio = self._forward(model, torch.cat([x_in, x_in]), torch.cat([t, t]),
-                                         PromptEmbeds.cat([neg, embeds]), guidance_scale)
         video, audio = self.split_latents(x.float())
-        video = self.pipeline._pack_latents(video, self._patch, self._patch_t)
+        states = (self.pipeline._pack_latents(video, self._patch, self._patch_t), audio)
         sigma = self._sigmas(t).view(-1, 1, 1)
+
+        def x0(preds) -> tuple[torch.Tensor, torch.Tensor]:
+            return tuple(state - pred.float() * sigma for state, pred in zip(states, preds))
+
+        if cfg:
+            neg = self.negative().expand(len(embeds))
+            both = self._forward(model, torch.cat([x_in, x_in]), torch.cat([t, t]), PromptEmbeds.cat([neg, embeds]),
+                                 guidance_scale)
+            uncond, cond = x0([p.chunk(2)[0] for p in both]), x0([p.chunk(2)[1] for p in both])
+        else:
+            cond = x0(self._forward(model, x_in, t, embeds, guidance_scale))
         g_audio = guidance_scale if self.audio_guidance_scale is None else float(self.audio_guidance_scale)
-        r_audio = self.guidance_rescale if self.audio_guidance_rescale is None else float(self.audio_guidance_rescale)
+        scales = {"cfg": (guidance_scale - 1, g_audio - 1), "stg": (self.stg_scale, self._audio("stg_scale")),
+                  "iso": (self.modality_scale - 1, self._audio("modality_scale") - 1)}
+        guided = list(cond)
+        for term, on in (("cfg", cfg), ("stg", stg), ("iso", iso)):
+            if not on:
+                continue
+            if term == "cfg":
+                other = uncond
+            elif term == "stg":
+                other = x0(self._forward(model, x_in, t, embeds, guidance_scale,
+                                         stg_blocks=self.spatio_temporal_guidance_blocks))
+            else:
+                other = x0(self._forward(model, x_in, t, embeds, guidance_scale, isolate_modalities=True))
+            # the pipeline's "delta" form, terms added in its order (cfg, stg, modality)
+            guided = [g + s * (c - o) for g, s, c, o in zip(guided, scales[term], cond, other)]
         out = []
-        for state, pred, g, r in ((video, v_video, guidance_scale, self.guidance_rescale),
-                                  (audio, v_audio, g_audio, r_audio)):
-            uncond, cond = pred.float().chunk(2)
-            x0_cond, x0_uncond = state - cond * sigma, state - uncond * sigma
-            x0 = x0_cond + (g - 1) * (x0_cond - x0_uncond)  # the pipeline's "delta" form
+        for state, x0_g, x0_c, r in zip(states, guided, cond, (self.guidance_rescale, self._audio("guidance_rescale"))):
             if r > 0:
-                x0 = rescale_noise_cfg(x0, x0_cond, guidance_rescale=r)
-            out.append((state - x0) / sigma)
+                x0_g = rescale_noise_cfg(x0_g, x0_c, guidance_rescale=r)
+            out.append((state - x0_g) / sigma)
         return self._join_velocity(*out)
 
     def _join_velocity(self, v_video: torch.Tensor, v_audio: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,9 @@ adapter without the source image:
 The ODE rollout is then `QwenImagePipeline(prompt, negative_prompt=" ", true_cfg_scale=g, height, width,
 num_inference_steps=N, latents=x_T)`.
 
-Not covered: `QwenImage21Pipeline` (Qwen-Image-2.1) has another transformer (`img_mask`, a causal-condition KV
-cache), condition images in front of the target tokens and plain true CFG without the norm rescale, so it needs
-its own adapter.
+`QwenImage21Pipeline` (Qwen-Image-2.1) has another transformer (single stream, `img_mask`, block-causal attention),
+unpatched latents and plain true CFG without the norm rescale: `diffusion_rl.adapters.qwen_image21` subclasses this
+adapter for it.
 """
 
 from __future__ import annotations

@@ -44,10 +44,11 @@ def build_gemma_tokenizer(out_dir: str | os.PathLike | None = None):
     return tok
 
 
-def build_tiny_ltx2_pipeline(seed: int = 0):
+def build_tiny_ltx2_pipeline(seed: int = 0, perturbed_attn: bool = False):
     """An LTX2Pipeline with random weights: video latents 4 channels at VAE factors 2 (time) x 2 (space),
     audio latents 2 channels x 2 mel bins, a 2-layer transformer (video width 16, audio width 8), a 2-layer
-    Gemma3 text model of width 16."""
+    Gemma3 text model of width 16. `perturbed_attn` builds the transformer's blocks with the STG-capable
+    attention processor (the config key LTX-2.3 sets; same weights, no STG effect unless a pass asks for it)."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -76,7 +77,7 @@ def build_tiny_ltx2_pipeline(seed: int = 0):
         in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
         cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
         audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
-        caption_channels=hidden, rope_double_precision=False, rope_type="split",
+        caption_channels=hidden, rope_double_precision=False, rope_type="split", perturbed_attn=perturbed_attn,
     )
     torch.manual_seed(seed + 2)
     connectors = LTX2TextConnectors(
@@ -116,8 +117,8 @@ def build_tiny_ltx2_pipeline(seed: int = 0):
                         tokenizer=tokenizer, connectors=connectors, transformer=transformer, vocoder=vocoder)
 
 
-def save_tiny_ltx2_pipeline(path: str | os.PathLike, seed: int = 0) -> Path:
+def save_tiny_ltx2_pipeline(path: str | os.PathLike, seed: int = 0, perturbed_attn: bool = False) -> Path:
     """`build_tiny_ltx2_pipeline` saved with `save_pretrained` (model_index.json + one folder per component)."""
     out = Path(path)
-    build_tiny_ltx2_pipeline(seed).save_pretrained(str(out))
+    build_tiny_ltx2_pipeline(seed, perturbed_attn).save_pretrained(str(out))
     return out
