@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
             "torch_threads": torch.get_num_threads()}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=3, help="timed iterations per mode (after one warm-up)")
     p.add_argument("--chunks", type=int, default=4, help="rollout chunks per iteration")
@@ -96,9 +96,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sleep-s", default="auto", help="reward sleep per chunk in seconds, or 'auto' (= generation)")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed options of `argv` (defaults for []), checked."""
+    p = _parser()
     args = p.parse_args(argv)
     if (args.chunks * args.chunk_size) % args.group_size:
         p.error("--chunks x --chunk-size must be a multiple of --group-size")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = main_args(sys.argv[1:] if argv is None else argv)
     r = run(args)
     print(f"rollout: {r['chunks']} chunks x {r['chunk_size']} samples, {r['num_steps']} steps; generation "
           f"{r['generation_s_per_chunk']:.3f} s/chunk, reward {r['reward_sleep_s_per_chunk']:.3f} s/chunk")
