@@ -63,7 +63,7 @@ class VLMRMReward(Reward):
 
     def __init__(
         self,
-        embedder: Any,
+        embedder: EmbeddingModel,
         goal_prompts: str | Sequence[str],
         baseline_prompts: str | Sequence[str] = (),
         alpha: float = 0.0,
@@ -132,19 +132,3 @@ def clip_embedder(clip: str | Reward, **load_options: Any) -> Any:
             "use a CLIP-family reward such as 'clipscore' (transformers CLIPModel or open_clip checkpoints)"
         )
     return backbone
-
-
-def load_vlm_rm(
-    checkpoint: str | None,
-    *,
-    weights: str = "pretrained",
-    goal: str | Sequence[str] = (),
-    baseline: str | Sequence[str] = (),
-    alpha: float = 0.0,
-    renormalize: bool = False,
-    clip: str = "clipscore",
-    **clip_options: Any,
-) -> VLMRMReward:
-    """VLM-RM on the backbone of registry reward `clip` loaded from `checkpoint` (a CLIP folder or hub id)."""
-    embedder = clip_embedder(clip, checkpoint=checkpoint, weights=weights, **clip_options)
-    return VLMRMReward(embedder, goal, baseline, alpha=alpha, renormalize=renormalize)

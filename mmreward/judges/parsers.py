@@ -9,7 +9,6 @@ Accepted shapes (case-insensitive, last match wins so a restated answer override
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,7 +106,3 @@ def parse_dimensions(text: str, labels: Sequence[str], low: float, high: float) 
     if problems:
         return Parsed(NAN, False, "; ".join(problems), values, positions)
     return Parsed(sum(values.values()) / len(values), True, "", values, positions)
-
-
-def is_nan(x: float) -> bool:
-    return isinstance(x, float) and math.isnan(x)

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from mmreward.errors import ConfigError
+from mmreward.geneval import Detector
 from mmreward.types import Reward, RewardOutput
 
 OWLV2_CHECKPOINT = "google/owlv2-base-patch16-ensemble"
@@ -51,7 +52,7 @@ class CompositionalReward(Reward):
 
     def __init__(
         self,
-        detector,
+        detector: Detector,
         *,
         score: Literal["accuracy", "strict", "dense"] = "accuracy",
         score_threshold: float = 0.3,

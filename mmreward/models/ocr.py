@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mmreward.errors import ConfigError, require
+from mmreward.ocr import OCREngine
 from mmreward.types import Reward, RewardOutput
 
 TargetSource = Literal["quoted", "quoted_or_prompt", "prompt", "flow_grpo"]
@@ -45,7 +46,7 @@ class OCRReward(Reward):
 
     def __init__(
         self,
-        engine,
+        engine: OCREngine,
         *,
         target_source: TargetSource = "quoted",
         substring_is_match: bool = True,

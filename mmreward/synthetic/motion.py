@@ -235,15 +235,6 @@ def render_clips(clips: list[Clip], supersample: int = 4) -> torch.Tensor:
     return render(scenes, size=size, supersample=supersample).view(len(clips), num_frames, 3, size, size)
 
 
-def sample_clips(n: int, seed: int = 0, num_frames: int = DEFAULT_FRAMES, size: int = DEFAULT_SIZE) -> list[Clip]:
-    """n random one-object clips; the same arguments always give the same clips."""
-    if n < 1:
-        raise RewardInputError(f"n must be >= 1, got {n}")
-    rng = random.Random(f"motion/{seed}")
-    specs = all_motion_specs()
-    return [realize_clip(rng.choice(specs), rng, num_frames, size) for _ in range(n)]
-
-
 # ----------------------------------------------------------------------------------------------
 # checking
 # ----------------------------------------------------------------------------------------------
@@ -338,12 +329,6 @@ def check_clips(specs: list[MotionSpec], videos: torch.Tensor) -> MotionCheckRes
     by_kind = {kind: torch.tensor([_mean([float(r.passed) for r in res if r.kind == kind]) for res in results])
                for kind in MOTION_CLAUSE_KINDS}
     return MotionCheckResult(strict, partial, soft, motion_soft, by_kind, results)
-
-
-def evaluate_clips(prompts_or_specs: list[str] | list[MotionSpec], videos: torch.Tensor) -> MotionCheckResult:
-    """Parse (when given text) and check in one call."""
-    specs = [p if isinstance(p, MotionSpec) else parse_motion_prompt(p) for p in prompts_or_specs]
-    return check_clips(specs, videos)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -54,15 +54,3 @@ def find_media(*fields: Any) -> list[str] | None:
         if paths:
             return paths
     return None
-
-
-def ground_truth_text(value: Any) -> Any:
-    """A ground-truth field with its media reference removed (the task's own answer, if any)."""
-    if isinstance(value, str) and value.strip().startswith("{") and MEDIA_KEY in value:
-        try:
-            data = json.loads(value)
-        except json.JSONDecodeError:
-            return value
-        data.pop(MEDIA_KEY, None)
-        return data.get("answer", data) if data else None
-    return value
