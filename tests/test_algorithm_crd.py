@@ -213,8 +213,15 @@ def test_interrupted_and_resumed_crd_run_equals_an_uninterrupted_one(tmp_path, t
     def without_times(history):
         return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
 
-    straight = Trainer(from_dict(_crd_dict("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2)))
-    straight.fit()
+    # the uninterrupted run goes through `diffusion-rl train` with the preset, as a user starts it
+    from diffusion_rl.cli import main
+
+    path = tmp_path / "straight.yaml"
+    path.write_text(yaml.safe_dump(_crd_dict("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2)))
+    assert main(["train", "--config", str(path)]) == 0
+    straight = Trainer(from_dict(_crd_dict("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2,
+                                           resume_from=str(tmp_path / "a" / "sd3" / "checkpoints" / "iter_000002"))))
+    assert straight.iteration == 2
     first = Trainer(from_dict(_crd_dict("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=1)))
     first.fit()
     ckpt = tmp_path / "b" / "sd3" / "checkpoints" / "iter_000001"

@@ -142,7 +142,8 @@ def _dgpo_dict(kind, tmp_path, tiny_pipeline_dir, **train):
     }
 
 
-@pytest.mark.parametrize("kind", ["sd3", pytest.param("flux", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default suite trains DGPO on SD3 in the resume test below
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
 def test_one_dgpo_iteration_trains_tiny_pipelines(kind, tmp_path, tiny_pipeline_dir):
     from diffusion_rl.trainer import Trainer
 
@@ -181,8 +182,15 @@ def test_interrupted_and_resumed_dgpo_run_equals_an_uninterrupted_one(tmp_path, 
         return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
 
     extra = {"num_minibatches": 2, "micro_batch_size": 3}
-    straight = Trainer(from_dict(_dgpo_dict("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2, **extra)))
-    straight.fit()
+    # the uninterrupted run goes through `diffusion-rl train` with the preset, as a user starts it
+    from diffusion_rl.cli import main
+
+    path = tmp_path / "straight.yaml"
+    path.write_text(yaml.safe_dump(_dgpo_dict("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2, **extra)))
+    assert main(["train", "--config", str(path)]) == 0
+    straight = Trainer(from_dict(_dgpo_dict("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2,
+                                           resume_from=str(tmp_path / "a" / "sd3" / "checkpoints" / "iter_000002"), **extra)))
+    assert straight.iteration == 2
     first = Trainer(from_dict(_dgpo_dict("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=1, **extra)))
     first.fit()
     ckpt = tmp_path / "b" / "sd3" / "checkpoints" / "iter_000001"
@@ -193,6 +201,7 @@ def test_interrupted_and_resumed_dgpo_run_equals_an_uninterrupted_one(tmp_path, 
     for a, b in zip(straight.trainable, resumed.trainable, strict=True):
         assert torch.equal(a, b)
     assert without_times(resumed.history) == without_times(straight.history)
+    assert straight.history[0]["train/grad_norm"] > 0 and straight.history[0]["dgpo/kl"] >= 0
     assert straight.history[-1]["dgpo/weight"] != pytest.approx(0.5, abs=1e-9)  # the second iteration moved
 
 
