@@ -58,7 +58,7 @@ def _jpeg(image_hwc_uint8: np.ndarray) -> bytes:
 
 
 def _decoded(jpeg: bytes) -> torch.Tensor:
-    """What the server should score: the JPEG decoded by PIL, as floats in [0, 1] (independent of serve.py)."""
+    """What the server should score: the JPEG decoded by PIL, as floats in [0, 1] (independent of mmreward.serve)."""
     return torch.from_numpy(np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")).copy()).permute(2, 0, 1) / 255.0
 
 
@@ -199,7 +199,7 @@ def test_scorer_refusals_are_typed_json_errors(server, monkeypatch):
     for payload, want_status, match in cases:
         status, body = _post(scorer, json.dumps(payload).encode())
         assert status == want_status and match in body["error"], (payload.keys(), status, body)
-    monkeypatch.setattr("mmreward.serve.MAX_IMAGE_PIXELS", 63)  # an 8x8 image is now a decompression bomb
+    monkeypatch.setattr("mmreward.serve.wire.MAX_IMAGE_PIXELS", 63)  # an 8x8 image is now a decompression bomb
     status, body = _post(scorer, json.dumps(_scorer_body()).encode())
     assert status == 413 and "8x8 image exceeds 63 pixels" in body["error"]
 
