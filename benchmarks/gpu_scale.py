@@ -458,8 +458,8 @@ def build_vqascore(real: bool, device: torch.device, dtype: torch.dtype, tmp: Pa
     """VQAScore on Qwen2.5-VL: the 7B geometry (real) or one tiny layer per tower, with the Qwen tokenizer."""
     from transformers import Qwen2_5_VLConfig
 
-    from mmreward.models._qwen_vl import vlm_from_config
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl, tiny_qwen_vl_config
+    from mmreward.backbones.qwen_vl import vlm_from_config
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl, tiny_qwen_vl_config
     from mmreward.models.vqascore import VQAScore
 
     max_pixels = 448 * 448 if real else 56 * 56
@@ -494,7 +494,7 @@ def bench_reward(family: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
     images = images.to(args.device)
     prompt = "a photo of a red circle above a blue square"
     if family == "vqascore":
-        from mmreward.models._qwen_vl import build_batch, model_inputs
+        from mmreward.backbones.qwen_vl import build_batch, model_inputs
 
         reward = build_vqascore(real, args.device, args.dtype, tmp)
         min_pixels, max_pixels = reward._pixels("image", 1)  # the bounds score() resolves (None: the original's)

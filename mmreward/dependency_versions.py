@@ -18,7 +18,7 @@ from mmreward.errors import MissingExtraError
 MIN_VERSIONS: dict[str, tuple[str, str]] = {
     # 4.52: Qwen2-VL/2.5-VL modules under model.language_model / model.visual (the key layout we load);
     # 4.54: PreTrainedModel.set_attn_implementation (mmreward/attention.py);
-    # 4.56: from_pretrained/from_config(dtype=...) (mmreward/models/_qwen_vl.py; torch_dtype before)
+    # 4.56: from_pretrained/from_config(dtype=...) (mmreward/backbones/qwen_vl.py; torch_dtype before)
     "transformers": ("4.56", "from_pretrained(dtype=...) and set_attn_implementation"),
 }
 

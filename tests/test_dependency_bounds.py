@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # API we call -> (distribution, first version that has it, where we call it)
 API_MIN_VERSION = {
-    "Qwen2-VL model.language_model / model.visual layout": ("transformers", "4.52", "mmreward/models/_qwen_vl.py"),
+    "Qwen2-VL model.language_model / model.visual layout": ("transformers", "4.52", "mmreward/backbones/qwen_vl.py"),
     "PreTrainedModel.set_attn_implementation": ("transformers", "4.54", "mmreward/attention.py"),
-    "from_pretrained(dtype=...) / from_config(dtype=...)": ("transformers", "4.56", "mmreward/models/_qwen_vl.py"),
+    "from_pretrained(dtype=...) / from_config(dtype=...)": ("transformers", "4.56", "mmreward/backbones/qwen_vl.py"),
 }
 
 

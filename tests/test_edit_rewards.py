@@ -35,7 +35,7 @@ def _sha(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def qwen25_dir(tmp_path_factory):
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     path = tmp_path_factory.mktemp("qwen25vl")
     build_tiny_qwen_vl(path, variant="qwen2_5_vl", seed=1)
@@ -79,7 +79,7 @@ def test_editscore_prompts_are_the_official_texts():
 
 
 def test_editscore_requests_render_as_the_official_chat(qwen25_dir):
-    from mmreward.models._qwen_vl import build_batch, load_processor
+    from mmreward.backbones.qwen_vl import build_batch, load_processor
 
     judge = EditScore(_CannedBackend([]), score_range=25)
     src, edit = torch.rand(3, 56, 56), torch.rand(3, 56, 56)

@@ -36,7 +36,7 @@ def adapters(tmp_path_factory):
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForImageTextToText
 
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     root = tmp_path_factory.mktemp("editscore_lora")
     base_dir = root / "qwen25vl"

@@ -216,7 +216,7 @@ def test_diffusion_rl_has_no_import_cycles():
 @pytest.mark.parametrize("package", ["mmreward", "vlm_rm"])
 def test_mmreward_and_vlm_rm_have_no_import_cycles(package):
     # media <-> types (a device check) and the Qwen-VL families <-> their tiny test model (prompt texts) were
-    # the last two; both now read from modules of their own (mmreward.devices, models/_vlm_prompts.py)
+    # the last two; both now read from modules of their own (mmreward.devices, prompt_templates/vlm.py)
     graph = _module_graph(ROOT, package)
     assert len(graph) > 10 and any(graph.values())  # the graph is real
     assert not _cycles(graph), f"import cycles among {package} modules: {_cycles(graph)}"

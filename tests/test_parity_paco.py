@@ -157,7 +157,7 @@ def _grids():
     rng = np.random.default_rng(8)
     smooth = lambda h, w: np.kron(rng.random((h // 8 + 1, w // 8 + 1, 3)), np.ones((8, 8, 1)))[:h, :w]  # noqa: E731
     # panels 58x62 (one pixel left over) and 64x65. Pillow 13 resizes some shapes (e.g. 62x58 -> 56x56) vertical
-    # pass first, which mmreward.models._qwen_vl.pillow_bicubic does not follow yet (up to 7 levels here): shapes
+    # pass first, which mmreward.backbones.qwen_vl.pillow_bicubic does not follow yet (up to 7 levels here): shapes
     # whose order is horizontal-first are used until it does (see the not_checked note)
     two_by_two = Image.fromarray((smooth(117, 125) * 255).astype(np.uint8))
     one_by_two = Image.fromarray((smooth(64, 130) * 255).astype(np.uint8))

@@ -6,7 +6,7 @@ original's way: its own `fetch_image` / `fetch_video` (Pillow's `convert("RGB")`
 images; `smart_nframes` frame counts and torchvision's resize of uint8 frames), its own processor call
 (`do_rescale` on 8-bit values), then its forward: token embeddings, visual features scattered in, the decoder
 called with `inputs_embeds` and no position ids (plain sequential positions), the head on the reward tokens.
-Nothing here imports our preprocessing (`mmreward.models._qwen_vl`, `mmreward.media`).
+Nothing here imports our preprocessing (`mmreward.backbones.qwen_vl`, `mmreward.media`).
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def test_hpsv3_matches_the_original_forward(qwen2vl_dir, tmp_path):
     decoder with input_ids=None / position_ids=None, fp32 rm_head on the <|Reward|> token; score = mu)."""
     from safetensors.torch import save_file
 
-    from mmreward.models._vlm_prompts import HPSV3_INSTRUCTION, HPSV3_SUFFIX
+    from mmreward.prompt_templates.vlm import HPSV3_INSTRUCTION, HPSV3_SUFFIX
 
     vlm, proc = _vlm_with_tokens(qwen2vl_dir, ["<|Reward|>"], seed=21)
     head = _ranknet_head(vlm.config.text_config.hidden_size, seed=22)
@@ -285,8 +285,8 @@ def test_videoalign_matches_the_original_forward(qwen2vl_dir, tmp_path):
     nearest even number) and `fetch_video` (min_pixels 128*28*28, torchvision bicubic on uint8 frames),
     trainer.py `Qwen2VLRewardModelBT.forward` (decoder with input_ids=None / position_ids=None, bias-free
     rm_head in the model's dtype, the diagonal of the three reward tokens' outputs)."""
-    from mmreward.models._vlm_prompts import VIDEOALIGN_PROMPT
     from mmreward.models.vlm_heads import write_videoalign_config
+    from mmreward.prompt_templates.vlm import VIDEOALIGN_PROMPT
 
     tokens = ["<|VQ_reward|>", "<|MQ_reward|>", "<|TA_reward|>"]
     vlm, proc = _vlm_with_tokens(qwen2vl_dir, tokens, seed=31)
@@ -350,7 +350,7 @@ def test_editreward_matches_the_original_forward(qwen25vl_dir, tmp_path):
     fp32 heads on <|Reward|>, pooling_strategy 'mean' of the two heads; the score is the pooled mu)."""
     from safetensors.torch import save_file
 
-    from mmreward.models._edit_prompts import EDITREWARD_FOLLOWING, EDITREWARD_QUALITY, EDITREWARD_SUFFIX
+    from mmreward.prompt_templates.edit import EDITREWARD_FOLLOWING, EDITREWARD_QUALITY, EDITREWARD_SUFFIX
 
     vlm, proc = _vlm_with_tokens(qwen25vl_dir, ["<|Reward|>"], seed=41)
     hidden_size = vlm.config.text_config.hidden_size
@@ -415,7 +415,7 @@ def test_qwen_vl_frame_count_matches_smart_nframes(total, video_fps):
                                                ((448, 448), (448, 448))])
 def test_pillow_resize_is_bit_exact(size, target):
     """Our batched 8-bit bicubic against Pillow's own `Image.resize(..., BICUBIC)`."""
-    from mmreward.models._qwen_vl import pillow_bicubic
+    from mmreward.backbones.qwen_vl import pillow_bicubic
 
     arr = np.random.default_rng(5).integers(0, 256, (*size, 3), dtype=np.uint8)
     expected = np.asarray(Image.fromarray(arr).resize(target[::-1], Image.BICUBIC))

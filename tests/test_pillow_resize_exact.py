@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmreward.models._qwen_vl import pillow_bicubic, pillow_vertical_first
+from mmreward.backbones.qwen_vl import pillow_bicubic, pillow_vertical_first
 from tests.parity_record import record_parity
 
 # shapes the horizontal-first order got wrong (up to 15-16 levels), one-axis-up/other-down, equal axes

@@ -19,7 +19,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F1
 from torchvision.transforms.v2 import functional as F2
 
-from mmreward.models._qwen_vl import torch_native_bicubic_uint8, torchvision_bicubic_uint8
+from mmreward.backbones.qwen_vl import torch_native_bicubic_uint8, torchvision_bicubic_uint8
 from tests.parity_record import record_parity
 
 FIXED = [(62, 58, 56, 56), (100, 80, 56, 84), (40, 300, 120, 28), (300, 40, 28, 120), (9, 600, 600, 9)]

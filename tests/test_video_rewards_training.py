@@ -88,7 +88,7 @@ def test_videoalign_card_samples_4_of_a_9_frame_rollout(wan_pipe, videoreward_di
     from diffusion_rl.kernels import Kernel
     from diffusion_rl.pipelines import make_adapter
     from diffusion_rl.rollout import rollout
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
     from mmreward.prompt_sources import score_with_metadata
 
     reward = mmreward.load("videoalign", checkpoint=str(videoreward_dir), min_pixels=28 * 28, max_pixels=56 * 56)
@@ -98,13 +98,13 @@ def test_videoalign_card_samples_4_of_a_9_frame_rollout(wan_pipe, videoreward_di
                    kernel=Kernel("flow_sde", 0.7), seed=0, epoch=0)
     assert traj.images.shape == (2, 9, 3, H, W)
     seen = []
-    real = _qwen_vl.build_batch
+    real = qwen_vl.build_batch
 
     def spy(processor, texts, media, **kw):
         seen.extend(m.detach().clone() for m in media)
         return real(processor, texts, media, **kw)
 
-    monkeypatch.setattr(_qwen_vl, "build_batch", spy)
+    monkeypatch.setattr(qwen_vl, "build_batch", spy)
     out = score_with_metadata(reward, PROMPTS, traj.images, PROMPTS)  # as Trainer.collect scores
     assert out.scores.shape == (2,) and torch.isfinite(out.scores).all()
     assert len(seen) == 2
@@ -266,7 +266,7 @@ def test_videoalign_samples_a_wan_rollout_at_its_cards_2_fps(wan_pipe, videorewa
     from diffusion_rl.kernels import Kernel
     from diffusion_rl.pipelines import check_reward_modalities, make_adapter
     from diffusion_rl.rollout import rollout
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
 
     reward = mmreward.load("videoalign", checkpoint=str(videoreward_fps_dir), min_pixels=28 * 28,
                            max_pixels=56 * 56)
@@ -277,13 +277,13 @@ def test_videoalign_samples_a_wan_rollout_at_its_cards_2_fps(wan_pipe, videorewa
     traj = rollout(adapter, adapter.encode(PROMPTS), [0, 1], [0, 0], num_steps=2, guidance_scale=1.0,
                    kernel=Kernel("flow_sde", 0.7), seed=0, epoch=0)
     seen = []
-    real = _qwen_vl.build_batch
+    real = qwen_vl.build_batch
 
     def spy(processor, texts, media, **kw):
         seen.extend(m.detach().clone() for m in media)
         return real(processor, texts, media, **kw)
 
-    monkeypatch.setattr(_qwen_vl, "build_batch", spy)
+    monkeypatch.setattr(qwen_vl, "build_batch", spy)
     reward.score(PROMPTS, traj.images)
     for clip, full in zip(seen, traj.images):
         assert torch.equal(clip, full[[0, 3, 5, 8]].to(clip.dtype))

@@ -169,7 +169,7 @@ def test_in_process_soft_scores_match_a_plain_pipeline(tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     import mmreward
-    from mmreward.models._qwen_vl import even_frames, resize_for_qwen
+    from mmreward.backbones.qwen_vl import even_frames, resize_for_qwen
     from mmreward.testing.qwen_vl import build_tiny_qwen_vl
 
     build_tiny_qwen_vl(tmp_path, seed=4)

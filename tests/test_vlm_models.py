@@ -28,7 +28,7 @@ def _reference_p_yes(folder, prompt, medium, kind):
     """P(first token of 'Yes') after the generation prompt, one item at a time (t2v_metrics' way)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from mmreward.models._qwen_vl import even_frames, resize_for_qwen
+    from mmreward.backbones.qwen_vl import even_frames, resize_for_qwen
 
     proc = AutoProcessor.from_pretrained(folder)
     model = AutoModelForImageTextToText.from_pretrained(folder).eval()

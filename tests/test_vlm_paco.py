@@ -39,7 +39,7 @@ def qwen_dir(tmp_path_factory):
 
 def _reference_p_yes(proc, model, text, first, second, labels):
     """P(Yes)/(P(Yes)+P(No)) at the first answer token, one pair at a time."""
-    from mmreward.models._qwen_vl import resize_for_qwen
+    from mmreward.backbones.qwen_vl import resize_for_qwen
 
     if labels:  # PaCo-Reward's evaluation scripts render this string by hand
         vis = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -101,7 +101,7 @@ def test_eval_template_needs_no_prompt_and_canonical_sum(qwen_dir):
     # canonical: every one-token case/space variant of yes/no, from the full next-token distribution
     proc = AutoProcessor.from_pretrained(qwen_dir)
     model = AutoModelForImageTextToText.from_pretrained(qwen_dir).eval()
-    from mmreward.models._qwen_vl import resize_for_qwen
+    from mmreward.backbones.qwen_vl import resize_for_qwen
 
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": EVAL_Q}]}]
     rendered = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

@@ -53,7 +53,7 @@ def masked_crops(pixels: np.ndarray, objects: Sequence[Detection], background: t
 
 
 class ClipColorClassifier(torch.nn.Module):
-    """Names object colours with a CLIP backbone (`mmreward.models._clip_backbone`, open_clip or transformers)."""
+    """Names object colours with a CLIP backbone (`mmreward.backbones.clip`, open_clip or transformers)."""
 
     def __init__(
         self,
@@ -103,7 +103,7 @@ def load_clip_colors(
     """A CLIP colour classifier from an open_clip hub-layout folder/repo (the default: OpenAI ViT-L/14),
     an open_clip weights file with `model_name`, or a transformers CLIPModel folder/repo.
     weights="random" builds transformers' CLIP from `config` (tests, tiny rewards)."""
-    from mmreward.models import _clip_backbone as cb
+    from mmreward.backbones import clip as cb
 
     if weights == "random":
         if config is None:

@@ -77,8 +77,8 @@ def load_aesthetic(
     """checkpoint: the head file, or a folder/repo holding it (and optionally the CLIP backbone files)."""
     from pathlib import Path
 
+    from mmreward.backbones import clip as cb
     from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
-    from mmreward.models import _clip_backbone as cb
 
     # OpenAI CLIP's preprocess converts to RGB after resizing; the CLIPProcessor variant before
     alpha = "resize_then_drop" if crop_rounding == "round" else "drop_first"

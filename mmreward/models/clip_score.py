@@ -73,7 +73,7 @@ def load_clipscore(
     seed: int | None = None,
     micro_batch_size: int = 32,
 ) -> ClipScore:
-    from mmreward.models import _clip_backbone as cb
+    from mmreward.backbones import clip as cb
 
     if backbone == "auto":
         if model_name or model_cfg:

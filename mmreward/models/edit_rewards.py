@@ -2,7 +2,7 @@
 
 Both score an edited image against its source image and the instruction; the source image comes in each
 item's metadata ({"source_image": path or tensor}, what edit records carry, see `mmreward.edit`). Template
-texts are the official ones, as data in `mmreward.models._edit_prompts` (sources and commits there).
+texts are the official ones, as data in `mmreward.prompt_templates.edit` (sources and commits there).
 
 EditReward (Wu et al. 2025, TIGER-AI-Lab/EditReward, `EditRewardInferencer` with the released config
 EditReward-Qwen2.5-7B-VL.yaml: rm_head_type 'ranknet_multi_head', pooling_strategy 'mean', output_dim 2,
@@ -55,7 +55,8 @@ from torch import nn
 
 from mmreward.edit import source_image_list
 from mmreward.errors import CheckpointError, RewardInputError
-from mmreward.models._edit_prompts import (
+from mmreward.models.vlm_heads import HPSV3_TOKEN, QwenVLHeadReward, head_hidden_states, hpsv3_head
+from mmreward.prompt_templates.edit import (
     EDITREWARD_FOLLOWING,
     EDITREWARD_QUALITY,
     EDITREWARD_SUFFIX,
@@ -64,7 +65,6 @@ from mmreward.models._edit_prompts import (
     EDITSCORE_SC_RULE,
     EDITSCORE_TWO_IMAGE_EDIT_RULE,
 )
-from mmreward.models.vlm_heads import HPSV3_TOKEN, QwenVLHeadReward, head_hidden_states, hpsv3_head
 from mmreward.types import Reward, RewardOutput
 
 EDITREWARD_TOKEN = HPSV3_TOKEN  # the same '<|Reward|>' token
@@ -79,7 +79,7 @@ def tiny_qwen25_vl_folder() -> str:
     """A fresh seeded tiny Qwen2.5-VL checkpoint (the edit judges' backbone family) for tiny=True."""
     import tempfile
 
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     folder = tempfile.mkdtemp(prefix="mmreward-tiny-qwen25vl-")
     build_tiny_qwen_vl(folder, variant="qwen2_5_vl")
@@ -105,7 +105,7 @@ class EditReward(QwenVLHeadReward):
         super().__init__(vlm, processor, rm_heads, token_ids, **kwargs)
 
     def _states(self, texts: list[str], sources: list[torch.Tensor], edited) -> torch.Tensor:
-        from mmreward.models._qwen_vl import build_batch, model_inputs
+        from mmreward.backbones.qwen_vl import build_batch, model_inputs
 
         media = [m for pair in zip(sources, edited) for m in pair]  # source first, as the official messages
         batch = build_batch(self.processor, texts, media, kind="image", min_pixels=self.min_pixels,
@@ -137,8 +137,8 @@ def editreward_heads(hidden: int) -> nn.ModuleDict:
 
 def load_editreward(checkpoint=None, *, weights="pretrained", base_model: str = "Qwen/Qwen2.5-VL-7B-Instruct",
                     tiny: bool = False, **options) -> EditReward:
+    from mmreward.backbones import qwen_vl
     from mmreward.checkpoints import load_state_dict, load_strict, resolve_files
-    from mmreward.models import _qwen_vl
     from mmreward.models.vlm_heads import _add_tokens, _text_hidden
 
     if tiny:
@@ -147,9 +147,9 @@ def load_editreward(checkpoint=None, *, weights="pretrained", base_model: str = 
         options.setdefault("max_pixels", 56 * 56)
     options.setdefault("min_pixels", EDITREWARD_PIXELS)
     options.setdefault("max_pixels", EDITREWARD_PIXELS)
-    processor = _qwen_vl.load_processor(base_model)
+    processor = qwen_vl.load_processor(base_model)
     token_ids = _add_tokens(processor, [EDITREWARD_TOKEN])
-    vlm = _qwen_vl.vlm_from_config(_qwen_vl.load_config(base_model))
+    vlm = qwen_vl.vlm_from_config(qwen_vl.load_config(base_model))
     vlm.resize_token_embeddings(len(processor.tokenizer), mean_resizing=False)
     heads = editreward_heads(_text_hidden(vlm))
     if weights == "pretrained":
@@ -161,7 +161,7 @@ def load_editreward(checkpoint=None, *, weights="pretrained", base_model: str = 
         sd = load_state_dict(path)
         head_sd = {k[len("rm_heads."):]: v for k, v in sd.items() if k.startswith("rm_heads.")}
         rest = {k: v for k, v in sd.items() if not k.startswith("rm_heads.")}
-        load_strict(vlm, _qwen_vl.legacy_to_current_keys(rest), str(path))
+        load_strict(vlm, qwen_vl.legacy_to_current_keys(rest), str(path))
         load_strict(heads, head_sd, str(path) + " (rm_heads)")
     return EditReward(vlm, processor, heads, token_ids, **options)
 
@@ -316,7 +316,7 @@ def _current_lora_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     renamed to the current Qwen-VL layout (model.language_model.*, model.visual.*); current keys are kept.
     We rename ourselves rather than rely on the installed PEFT doing it, and the strict check that follows
     still sees every key: a renamed key with no module to go to is an error, never dropped."""
-    from mmreward.models._qwen_vl import legacy_to_current_keys
+    from mmreward.backbones.qwen_vl import legacy_to_current_keys
 
     prefix = "base_model.model."
     out: dict[str, torch.Tensor] = {}
@@ -358,8 +358,8 @@ def load_editscore(checkpoint=None, *, weights="pretrained", base_model: str = "
                    **options) -> EditScore:
     """`checkpoint`: the EditScore LoRA adapter (folder or hub id, default EditScore/EditScore-7B) on
     `base_model`; with backend='openai', the served (merged) model's name."""
+    from mmreward.backbones import qwen_vl
     from mmreward.judges.backends import TransformersBackend
-    from mmreward.models import _qwen_vl
     from mmreward.models.vlm_judge import _BACKEND_KEYS, make_backend
 
     backend_opts = {k: options.pop(k) for k in _BACKEND_KEYS if k in options}
@@ -375,9 +375,9 @@ def load_editscore(checkpoint=None, *, weights="pretrained", base_model: str = "
     unknown = set(backend_opts) - {"min_pixels", "max_pixels", "max_new_tokens", "backend"}
     if unknown:
         raise RewardInputError(f"options {sorted(unknown)} only apply with backend='openai'")
-    processor = _qwen_vl.load_processor(base_model)
-    vlm = (_qwen_vl.vlm_from_config(_qwen_vl.load_config(base_model)) if weights == "random"
-           else _qwen_vl.load_vlm(base_model))
+    processor = qwen_vl.load_processor(base_model)
+    vlm = (qwen_vl.vlm_from_config(qwen_vl.load_config(base_model)) if weights == "random"
+           else qwen_vl.load_vlm(base_model))
     if weights == "pretrained" and not tiny:
         vlm = merge_peft_lora(vlm, checkpoint or "EditScore/EditScore-7B").eval()
     elif weights == "pretrained" and checkpoint is not None:

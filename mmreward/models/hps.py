@@ -57,8 +57,8 @@ def _load(
 ) -> HPSv2:
     import open_clip
 
+    from mmreward.backbones import clip as cb
     from mmreward.checkpoints import resolve_files
-    from mmreward.models import _clip_backbone as cb
 
     cfg = model_cfg or open_clip.get_model_config("ViT-H-14")
     model = cb.build_open_clip_model(cfg)

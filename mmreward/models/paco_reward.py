@@ -44,7 +44,7 @@ import re
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.models._vlm_prompts import EDIT_CONSISTENCY, EDIT_FOLLOWING, TEMPLATES
+from mmreward.prompt_templates.vlm import EDIT_CONSISTENCY, EDIT_FOLLOWING, TEMPLATES
 from mmreward.types import Reward, RewardOutput, normalize_prompts
 
 IMAGE_LABELS = ("<img1>: ", "<img2>: ")

@@ -74,7 +74,7 @@ def load_pickscore(
     cache_size: int = 4096,
     micro_batch_size: int = 32,
 ) -> PickScore:
-    from mmreward.models._clip_backbone import build_hf_backbone
+    from mmreward.backbones.clip import build_hf_backbone
 
     net = build_hf_backbone(
         checkpoint, weights=weights, tokenizer=tokenizer, processor=None if weights == "random" else processor,

@@ -212,12 +212,12 @@ def load_univfd(
     a transformers CLIPModel hub id/folder (default openai/clip-vit-large-patch14), or with
     backbone_format="open_clip" an open_clip hub-layout folder, or a weights file plus
     backbone_model_name="ViT-L-14". backbone_config: a CLIPConfig dict (hf) or an open_clip model_cfg."""
-    from mmreward.checkpoints import resolve_files
-    from mmreward.models._clip_backbone import (
+    from mmreward.backbones.clip import (
         HFClipBackbone,
         build_open_clip_backbone,
         load_hf_clip_model,
     )
+    from mmreward.checkpoints import resolve_files
     from mmreward.preprocess import ImagePreprocess
 
     if backbone_format not in ("hf", "open_clip"):

@@ -5,7 +5,7 @@ wrapped in TRL's `AutoModelForCausalLMWithValueHead`. How it scores, and how we 
 1. the conversation is [user: (image, question), assistant: response], rendered by the processor's chat template
    with `add_generation_prompt=False` (so it ends "...response<|im_end|>\\n" after the default system turn);
 2. the image goes through qwen_vl_utils `fetch_image`: RGB, Qwen `smart_resize` with the default 4..16384 visual
-   tokens (min_pixels 4*28*28, max_pixels 16384*28*28), Pillow's 8-bit bicubic; here `_qwen_vl.resize_for_qwen`
+   tokens (min_pixels 4*28*28, max_pixels 16384*28*28), Pillow's 8-bit bicubic; here `qwen_vl.resize_for_qwen`
    with method "pillow" (bit-exact) on our [0, 1] tensors;
 3. the full Qwen2.5-VL forward (its 3-D M-RoPE positions, unlike HPSv3's sequential ones), last layer's hidden
    states after the final norm (`hidden_states[-1]`);
@@ -58,7 +58,7 @@ def paste_on_white(rgba: torch.Tensor) -> torch.Tensor:
     """qwen_vl_utils `to_rgb` of an RGBA image: `Image.new("RGB", size, white).paste(image, mask=alpha)`, in
     Pillow's 8-bit arithmetic (libImaging Paste.c BLEND: DIV255(in * a + 255 * (255 - a)) rounds exactly),
     on (4, H, W) [0, 1] values; returns (3, H, W) in [0, 1] holding the same 8-bit values."""
-    from mmreward.models._qwen_vl import to_uint8_values
+    from mmreward.backbones.qwen_vl import to_uint8_values
 
     x = to_uint8_values(rgba).to(torch.int64)
     rgb, a = x[:3], x[3:]
@@ -83,7 +83,7 @@ class SkyworkVLReward(ResponseReward):
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
 
     def _images(self, media: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
-        from mmreward.models._qwen_vl import resize_for_qwen
+        from mmreward.backbones.qwen_vl import resize_for_qwen
 
         out = []
         for m in media:
@@ -103,7 +103,7 @@ class SkyworkVLReward(ResponseReward):
                  {"role": "assistant", "content": r}] for q, r in zip(questions, responses)]
 
     def _score_responses(self, questions, media, responses, references):
-        from mmreward.models._qwen_vl import model_inputs
+        from mmreward.backbones.qwen_vl import model_inputs
 
         texts = self.processor.apply_chat_template(self.conversations(questions, responses), tokenize=False,
                                                    add_generation_prompt=False)
@@ -166,7 +166,7 @@ def write_tiny_skywork_vl_reward(folder: str | os.PathLike, seed: int = 0) -> Pa
     (processor bounds 28*28..112*112 pixels) plus `value_head.safetensors` (bf16, TRL's key names)."""
     from safetensors.torch import save_file
 
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     out = Path(folder)
     model, _ = build_tiny_qwen_vl(out, variant="qwen2_5_vl", seed=seed, max_pixels=112 * 112)
@@ -182,7 +182,7 @@ def write_tiny_skywork_vl_reward(folder: str | os.PathLike, seed: int = 0) -> Pa
 
 def load_skywork_vl_reward(checkpoint: str | os.PathLike | None = None, *, weights: str = "pretrained",
                            tiny: bool = False, **options: Any) -> SkyworkVLReward:
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
 
     if tiny:
         import tempfile
@@ -191,13 +191,13 @@ def load_skywork_vl_reward(checkpoint: str | os.PathLike | None = None, *, weigh
         options.setdefault("min_pixels", 28 * 28)
         options.setdefault("max_pixels", 112 * 112)
     source = os.fspath(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
-    processor = _qwen_vl.load_processor(source, padding_side="right")
+    processor = qwen_vl.load_processor(source, padding_side="right")
     if weights == "pretrained":
-        vlm = _qwen_vl.load_vlm(source)
+        vlm = qwen_vl.load_vlm(source)
         path = resolve_files(source, [VALUE_HEAD_FILE])[VALUE_HEAD_FILE]
         head = load_value_head(path, _text_hidden(vlm))
     elif weights == "random":
-        vlm = _qwen_vl.vlm_from_config(_qwen_vl.load_config(source))
+        vlm = qwen_vl.vlm_from_config(qwen_vl.load_config(source))
         head = ValueHead(_text_hidden(vlm))
     else:
         raise RewardInputError(f"weights must be 'pretrained' or 'random', got {weights!r}")

@@ -19,7 +19,7 @@ resized as the originals' loaders resize them: HPSv3 with Pillow's 8-bit bicubic
 frames with torchvision's bicubic on uint8 tensors, sampled at 2 fps with its vendored `smart_nframes` (count
 rounded to the nearest even number). Checked against transcribed forwards in tests/test_parity_qwen_heads.py.
 Deviation, on purpose: media that require grad (the differentiable path) are resized with a float bicubic
-(`_qwen_vl.resize_for_qwen(method="float")`), since the 8-bit resizes have no gradient.
+(`qwen_vl.resize_for_qwen(method="float")`), since the 8-bit resizes have no gradient.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch import nn
 
 from mmreward.checkpoints import load_state_dict, load_strict, read_json, resolve_files
 from mmreward.errors import CheckpointError, RewardInputError
-from mmreward.models._vlm_prompts import (  # trained-with prompts
+from mmreward.prompt_templates.vlm import (  # trained-with prompts
     HPSV3_INSTRUCTION,
     HPSV3_SUFFIX,
     VIDEOALIGN_PROMPT,
@@ -61,7 +61,7 @@ class QwenVLHeadReward(Reward):
     # Precision: the VLM may run in bf16 (as the originals do on GPU); the reward head reads its hidden
     # states in fp32, since its outputs are the scores (and HPSv3's mu/sigma).
     keep_fp32 = ("rm_head",)
-    # How media reach Qwen's smart size (`_qwen_vl.resize_for_qwen`): as the original's loader resizes. Media
+    # How media reach Qwen's smart size (`qwen_vl.resize_for_qwen`): as the original's loader resizes. Media
     # that require grad (the differentiable path) always take the float bicubic.
     resize_method = "pillow"
 
@@ -82,7 +82,7 @@ class QwenVLHeadReward(Reward):
 
     def reward_token_states(self, prompts, media) -> torch.Tensor:
         """(B, n_tokens, hidden) last hidden states at the reward tokens, in prompt order."""
-        from mmreward.models._qwen_vl import build_batch, model_inputs
+        from mmreward.backbones.qwen_vl import build_batch, model_inputs
 
         batch = build_batch(self.processor, [self._prompt(p) for p in prompts], self._prepare_media(media),
                             kind=self.media_kind, min_pixels=self.min_pixels, max_pixels=self.max_pixels,
@@ -104,7 +104,7 @@ def head_hidden_states(vlm, inputs: dict) -> torch.Tensor:
     """(B, L, hidden) last hidden states as the reward-head originals compute them: visual features scattered
     into the token embeddings, then the decoder over plain sequential positions (`sequential_position_ids`),
     not Qwen's 3-D M-RoPE ones, which `vlm.model(**inputs)` would switch on."""
-    from mmreward.models._qwen_vl import sequential_position_ids
+    from mmreward.backbones.qwen_vl import sequential_position_ids
 
     return vlm.model(**inputs, position_ids=sequential_position_ids(inputs["attention_mask"])).last_hidden_state
 
@@ -205,7 +205,7 @@ def _split_head(sd: dict[str, torch.Tensor], head_prefix: str = "rm_head.") -> t
 
 def load_hpsv3(checkpoint=None, *, weights="pretrained", base_model: str = "Qwen/Qwen2-VL-7B-Instruct",
                tiny: bool = False, **options) -> HPSv3:
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
 
     if tiny:
         base_model = _tiny_base(extra_tokens=())
@@ -213,9 +213,9 @@ def load_hpsv3(checkpoint=None, *, weights="pretrained", base_model: str = "Qwen
         options.setdefault("max_pixels", 56 * 56)
     options.setdefault("min_pixels", 256 * 28 * 28)
     options.setdefault("max_pixels", 256 * 28 * 28)
-    processor = _qwen_vl.load_processor(base_model)
+    processor = qwen_vl.load_processor(base_model)
     token_ids = _add_tokens(processor, [HPSV3_TOKEN])
-    vlm = _qwen_vl.vlm_from_config(_qwen_vl.load_config(base_model))
+    vlm = qwen_vl.vlm_from_config(qwen_vl.load_config(base_model))
     vlm.resize_token_embeddings(len(processor.tokenizer), mean_resizing=False)
     head = hpsv3_head(_text_hidden(vlm))
     if weights == "pretrained":
@@ -224,19 +224,19 @@ def load_hpsv3(checkpoint=None, *, weights="pretrained", base_model: str = "Qwen
         if "model" in sd and isinstance(sd["model"], dict):
             sd = sd["model"]
         head_sd, rest = _split_head(sd)
-        load_strict(vlm, _qwen_vl.legacy_to_current_keys(rest), str(path))
+        load_strict(vlm, qwen_vl.legacy_to_current_keys(rest), str(path))
         load_strict(head, head_sd, str(path) + " (rm_head)")
     return HPSv3(vlm, processor, head, token_ids, **options)
 
 
 def _tiny_base(extra_tokens) -> str:
-    from mmreward.models._tiny_qwen_vl import tiny_qwen_vl_folder
+    from mmreward.backbones.tiny_qwen_vl import tiny_qwen_vl_folder
 
     return tiny_qwen_vl_folder(extra_tokens)
 
 
 def _videoalign_folder(checkpoint: str) -> Path:
-    from mmreward.models._qwen_vl import local_or_hub
+    from mmreward.backbones.qwen_vl import local_or_hub
 
     path, local = local_or_hub(checkpoint)
     if local:
@@ -287,7 +287,7 @@ def merge_lora_(model: nn.Module, lora_sd: dict[str, torch.Tensor], scale: float
 
 def load_videoalign(checkpoint=None, *, weights="pretrained", base_model: str | None = None, step: int | None = None,
                     tiny: bool = False, num_frames: int | None = None, **options) -> VideoAlign:
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
 
     cfg: dict = {}
     folder = None
@@ -315,22 +315,22 @@ def load_videoalign(checkpoint=None, *, weights="pretrained", base_model: str | 
         num_frames = int(data_cfg["num_frames"])
     output_dim = int(model_cfg.get("output_dim", 3))
 
-    processor = _qwen_vl.load_processor(base_model)
+    processor = qwen_vl.load_processor(base_model)
     token_ids = _add_tokens(processor, VIDEOALIGN_TOKENS)
     full = None
     if folder is not None:
         step_dir = _latest_step(folder, step)
         if (step_dir / "model.pth").exists():
             full = load_state_dict(step_dir / "model.pth")
-    vlm = (_qwen_vl.load_vlm(base_model) if folder is not None and full is None
-           else _qwen_vl.vlm_from_config(_qwen_vl.load_config(base_model)))
+    vlm = (qwen_vl.load_vlm(base_model) if folder is not None and full is None
+           else qwen_vl.vlm_from_config(qwen_vl.load_config(base_model)))
     vlm.resize_token_embeddings(len(processor.tokenizer), mean_resizing=False)
     head = nn.Linear(_text_hidden(vlm), output_dim, bias=False)
     if folder is not None:
         source = str(step_dir)
         if full is not None:
             head_sd, rest = _split_head(full)
-            load_strict(vlm, _qwen_vl.legacy_to_current_keys(rest), source)
+            load_strict(vlm, qwen_vl.legacy_to_current_keys(rest), source)
             load_strict(head, head_sd, source + " (rm_head)")
         else:
             files = resolve_files(step_dir, ["adapter_model.safetensors", "non_lora_state_dict.pth"])
@@ -341,8 +341,8 @@ def load_videoalign(checkpoint=None, *, weights="pretrained", base_model: str | 
                 raise CheckpointError(f"{files['non_lora_state_dict.pth']} holds no rm_head weights")
             load_strict(head, head_sd, source + " (rm_head)")
             # the non-LoRA file overlays the trained modules on the (strictly loaded) base model
-            load_strict(vlm, _qwen_vl.legacy_to_current_keys(rest), str(files["non_lora_state_dict.pth"]), partial=True)
-            lora = _qwen_vl.legacy_to_current_keys(load_state_dict(files["adapter_model.safetensors"]), prefix)
+            load_strict(vlm, qwen_vl.legacy_to_current_keys(rest), str(files["non_lora_state_dict.pth"]), partial=True)
+            lora = qwen_vl.legacy_to_current_keys(load_state_dict(files["adapter_model.safetensors"]), prefix)
             lcfg = cfg.get("peft_lora_config", {})
             r, alpha = int(lcfg.get("lora_r", 16)), float(lcfg.get("lora_alpha", 32))
             scale = alpha / (r ** 0.5) if lcfg.get("use_rslora", False) else alpha / r

@@ -63,7 +63,7 @@ from __future__ import annotations
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.models._vlm_prompts import FAMILIES, JudgeFamily  # the official template texts, as data
+from mmreward.prompt_templates.vlm import FAMILIES, JudgeFamily  # the official template texts, as data
 from mmreward.types import PairwiseOutput, Reward, RewardOutput, normalize_prompts
 
 
@@ -380,7 +380,7 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
                                  image_format=image_format, backoff=backoff, extra_body=extra_body)
     if backend != "transformers":
         raise RewardInputError(f"backend must be 'transformers' or 'openai', got {backend!r}")
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
 
     if tiny:
         from mmreward.models.vlm_heads import _tiny_base
@@ -391,9 +391,9 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
         max_new_tokens = min(max_new_tokens, 8)
     elif not qwen_pixels:
         min_pixels, max_pixels = min_pixels or 28 * 28 * 4, max_pixels or 448 * 448
-    processor = _qwen_vl.load_processor(checkpoint)
-    model = (_qwen_vl.vlm_from_config(_qwen_vl.load_config(checkpoint)) if weights == "random"
-             else _qwen_vl.load_vlm(checkpoint))
+    processor = qwen_vl.load_processor(checkpoint)
+    model = (qwen_vl.vlm_from_config(qwen_vl.load_config(checkpoint)) if weights == "random"
+             else qwen_vl.load_vlm(checkpoint))
     # the judges' originals resize 8-bit images with qwen_vl_utils (tests/test_parity_vlm_judges.py)
     return TransformersBackend(model, processor, min_pixels=min_pixels, max_pixels=max_pixels,
                                max_new_tokens=max_new_tokens, resize="8-bit" if qwen_pixels else "float")

@@ -106,7 +106,7 @@ class VQAScore(Reward):
         return torch.where(seen, penalized, logits)
 
     def _score(self, prompts, media):
-        from mmreward.models._qwen_vl import build_batch, model_inputs
+        from mmreward.backbones.qwen_vl import build_batch, model_inputs
 
         first = media[0]
         kind = "video" if first.ndim == 4 else "image"
@@ -134,10 +134,10 @@ class VQAScore(Reward):
 
 
 def load_vqascore(checkpoint=None, *, weights="pretrained", tiny: bool = False, **options) -> VQAScore:
-    from mmreward.models import _qwen_vl
+    from mmreward.backbones import qwen_vl
 
     if tiny:
-        from mmreward.models._tiny_qwen_vl import tiny_qwen_vl_folder
+        from mmreward.backbones.tiny_qwen_vl import tiny_qwen_vl_folder
 
         checkpoint = tiny_qwen_vl_folder()  # tiny=True always means the seeded tiny model, never the default hub id
         options.setdefault("max_pixels", 56 * 56)
@@ -146,9 +146,9 @@ def load_vqascore(checkpoint=None, *, weights="pretrained", tiny: bool = False, 
         from mmreward.errors import CheckpointError
 
         raise CheckpointError("vqascore needs a checkpoint (a VLM folder or hub id), or tiny=True for tests")
-    processor = _qwen_vl.load_processor(checkpoint)
+    processor = qwen_vl.load_processor(checkpoint)
     if weights == "random":
-        model = _qwen_vl.vlm_from_config(_qwen_vl.load_config(checkpoint))
+        model = qwen_vl.vlm_from_config(qwen_vl.load_config(checkpoint))
     else:
-        model = _qwen_vl.load_vlm(checkpoint)
+        model = qwen_vl.load_vlm(checkpoint)
     return VQAScore(model, processor, **options)

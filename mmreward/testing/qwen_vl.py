@@ -1,6 +1,6 @@
-"""The tiny random Qwen2-VL / Qwen2.5-VL builders, re-exported for tests from `mmreward.models._tiny_qwen_vl`."""
+"""The tiny random Qwen2-VL / Qwen2.5-VL builders, re-exported for tests from `mmreward.backbones.tiny_qwen_vl`."""
 
-from mmreward.models._tiny_qwen_vl import (
+from mmreward.backbones.tiny_qwen_vl import (
     QWEN2_VL_CHAT_TEMPLATE,
     QWEN_SPECIAL_TOKENS,
     build_qwen_tokenizer,

@@ -7,7 +7,7 @@ The components are the real classes at tiny sizes, with the geometry of diffuser
 `AutoencoderKLHunyuanVideo15` with spatial factor 4 and temporal factor 2, `FlowMatchEulerDiscreteScheduler(shift=7)`
 (the released 480p/720p T2V scheduler shift), a Qwen2.5-VL text model (three layers, so the pipeline's third-to-last
 hidden state is a real layer's output) with the Qwen2 byte-level BPE tokenizer and chat template
-(`mmreward.models._tiny_qwen_vl`), a T5 encoder with the real `ByT5Tokenizer` (bytes, no vocabulary file), and
+(`mmreward.backbones.tiny_qwen_vl`), a T5 encoder with the real `ByT5Tokenizer` (bytes, no vocabulary file), and
 `ClassifierFreeGuidance`. A few MB in float32 (most of it the transformer's ByT5 projection, whose 2048-wide
 hidden layer is fixed in the class).
 
@@ -45,7 +45,7 @@ def build_tiny_hunyuan_video15(seed: int = 0, guidance_scale: float = 6.0, kind:
         T5EncoderModel,
     )
 
-    from mmreward.models._tiny_qwen_vl import build_qwen_tokenizer
+    from mmreward.backbones.tiny_qwen_vl import build_qwen_tokenizer
 
     if kind not in ("t2v", "i2v"):
         raise ValueError(f"kind must be 't2v' or 'i2v', got {kind!r}")

@@ -475,7 +475,7 @@ def _tiny_qwen_image_edit(seed: int = 0):
         QwenImageTransformer2DModel,
     )
 
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     with tempfile.TemporaryDirectory() as tmp:
         text_encoder, processor = build_tiny_qwen_vl(tmp, variant="qwen2_5_vl", seed=seed)

@@ -2,7 +2,7 @@
 
 The components are the real classes at tiny sizes, as diffusers' own `get_dummy_components` does for this
 pipeline: a Qwen2.5-VL text encoder with the real Qwen2 byte-level BPE tokenizer format
-(`mmreward.models._tiny_qwen_vl`), a one-block `QwenImageTransformer2DModel` and an `AutoencoderKLQwenImage`
+(`mmreward.backbones.tiny_qwen_vl`), a one-block `QwenImageTransformer2DModel` and an `AutoencoderKLQwenImage`
 (spatial factor 8, per-channel latent mean/std that are not 0/1 so decoding's un-normalisation is exercised),
 and the released checkpoint's scheduler settings (dynamic shift between 0.5 and 0.9 over 256..8192 tokens,
 shift_terminal 0.02; Qwen/Qwen-Image scheduler/scheduler_config.json). About 1 MB in float32.
@@ -27,7 +27,7 @@ def tiny_qwen_image_components(seed: int = 0, num_layers: int = 1) -> dict[str, 
     its tokenizer and processor, transformer (the text-to-image pipeline takes all but the processor)."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     with tempfile.TemporaryDirectory() as tmp:
         text_encoder, processor = build_tiny_qwen_vl(tmp, variant="qwen2_5_vl", seed=seed)
