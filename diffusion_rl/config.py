@@ -344,8 +344,9 @@ class TrainConfig:
     algorithm: str = _f("grpo", "grpo, grpo_guard (GRPO-Guard: RatioNorm + 1 / dt step weights), pref_grpo, ddpo, "
                          "draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), dpo (Diffusion-DPO: "
                          "online, or offline on train.dpo_pairs), raft (reward-ranked fine-tuning), awm "
-                         "(advantage-weighted matching), dgpo (group DPO), crd (centred reward distillation) or refl (ReFL: reward on a "
-                         "one-step x0 prediction at a random late step)")
+                         "(advantage-weighted matching), prdp (proximal reward difference prediction), dgpo "
+                         "(group DPO), crd (centred reward distillation) or refl (ReFL: reward on a one-step x0 "
+                         "prediction at a random late step)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -383,6 +384,9 @@ class TrainConfig:
     nft_old_decay: list[float] = _f([0.0, 0.001, 0.5], "nft: [flat, rate, cap] of the old policy's soft update "
                                     "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
     dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
+    prdp_beta: float = _f(10.0, "prdp: beta, the KL weight of the RL objective PRDP solves: the model regresses each "
+                          "pair's reward difference / beta from its log-likelihood ratios (its stepwise clip eps is "
+                          "train.clip_range)")
     dpo_pairs: str | None = _f(None, "dpo: train offline on the preference pairs of this source instead of online ranked "
                                "samples: a .jsonl or .parquet of {prompt, chosen, rejected} (or the `mmreward "
                                "train-pref` layouts {prompt, image_a, image_b, label} and Pick-a-Pic's {caption, jpg_0, "
@@ -425,7 +429,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _validate_types(self, "train")
         _choice("train.algorithm", self.algorithm, ["grpo", "grpo_guard", "pref_grpo", "ddpo", "draft", "nft", "dpo",
-                                                    "raft", "refl", "awm", "dgpo", "crd"])
+                                                    "raft", "refl", "awm", "dgpo", "crd", "prdp"])
+        _positive("train.prdp_beta", self.prdp_beta)
         _positive("train.dgpo_timesteps", self.dgpo_timesteps)
         _positive("train.crd_beta", self.crd_beta)
         _choice("train.crd_loss", self.crd_loss, ["mse", "bce"])
@@ -578,7 +583,7 @@ class RunConfig:
             raise ConfigError(f"train.dpo_pairs is the pair dataset of offline Diffusion-DPO (train.algorithm: dpo); "
                               f"{algo} does not read it: remove the key or set train.algorithm: dpo")
         offline_dpo = algo == "dpo" and self.train.dpo_pairs is not None  # pairs from a dataset: no groups
-        grouped = ("grpo", "grpo_guard", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd")
+        grouped = ("grpo", "grpo_guard", "prdp", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd")
         if algo in grouped and self.sample.group_size < 2 and not offline_dpo:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
@@ -612,6 +617,13 @@ class RunConfig:
                               "log.eval_every to the iterations between evaluations, e.g. 5")
         if self.train.kl_reference == "adapter" and self.train.kl_beta > 0 and not self.model.lora:
             raise ConfigError("train.kl_reference='adapter' needs model.lora=true; use kl_reference='copy' for full fine-tuning")
+        if algo == "prdp" and (self.train.kl_beta > 0 or not self.model.lora or self.train.ratio_norm
+                               or self.train.noise_aware_weight):
+            raise ConfigError("train.algorithm prdp regresses reward differences from log-likelihood ratios to the "
+                              "LoRA-free model: its KL weight is train.prdp_beta, so set model.lora: true, "
+                              "train.kl_beta: 0, train.ratio_norm: false and train.noise_aware_weight: false (got "
+                              f"{self.model.lora}, {self.train.kl_beta}, {self.train.ratio_norm}, "
+                              f"{self.train.noise_aware_weight})")
         if self.train.best_worst_k and algo not in ("grpo", "grpo_guard", "pref_grpo"):
             raise ConfigError(f"train.best_worst_k ranks the samples of a group: it applies to grpo, grpo_guard and "
                               f"pref_grpo, not {algo}; set it to 0")

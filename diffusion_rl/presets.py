@@ -98,6 +98,23 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+GRPO_GUARD_PRESETS: dict[str, dict[str, Any]] = {
+    # GRPO-Guard (arXiv 2510.22319) on Flow-GRPO's SD3.5-Medium setup (the flow_grpo preset above: the paper builds on
+    # Flow-GRPO and keeps its sampling, advantages, KL and optimiser), with RatioNorm and the 1 / dt step weight, and
+    # the clip range of verl-project/verl-omni@16910a6 docs/algo/grpo_guard.md (2e-6: the normalised log-ratio is
+    # ~sigma_t sqrt(dt) times smaller than Flow-GRPO's, whose clip is 1e-4)
+    "grpo_guard": {
+        "train": {"algorithm": "grpo_guard", "learning_rate": 3e-4, "clip_range": 2e-6, "timestep_fraction": 0.99,
+                  "timestep_selection": "first", "kl_beta": 0.04, "kl_mode": "flow_grpo", "kl_reference": "adapter",
+                  "num_minibatches": 2, "weight_decay": 1e-4, "max_grad_norm": 1.0, "ema": True, "ema_decay": 0.9,
+                  "ema_update_every": 8},
+        "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 4.5, "kernel": "flow_sde",
+                   "noise_level": 0.7, "group_size": 24, "prompts_per_iteration": 48},
+        "advantage": {"std_scope": "global", "unbiased": False, "eps": 1e-4, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64, "height": 512, "width": 512},
+    },
+}
+
 PREF_GRPO_PRESETS: dict[str, dict[str, Any]] = {
     # Pref-GRPO (CodeGoat24/Pref-GRPO@3e787f6 scripts/_common_finetune.sh, fastvideo/train_flux.py,
     # fastvideo/rewards/unifiedreward_think.py): each pair of a group judged once, the earlier sample as Image 1
@@ -122,6 +139,21 @@ DDPO_PRESETS: dict[str, dict[str, Any]] = {
                    "group_size": 1, "prompts_per_iteration": 256},
         "advantage": {"per_prompt_tracking": True, "buffer_size": 16, "min_count": 16, "eps": 1e-6,
                       "unbiased": False, "clip_max": 5.0},
+        "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
+    },
+}
+
+PRDP_PRESETS: dict[str, dict[str, Any]] = {
+    # PRDP's small-scale setup (Deng et al., CVPR 2024, Sec. 4.1 and 4.4): DDPM sampling with 50 steps (DDIM eta 1)
+    # at CFG 5, 32 prompts x 16 images per epoch, every pair of a prompt, 100 epochs, beta 10; here LoRA (the paper
+    # fine-tunes the full UNet). The stepwise clip, learning rate and gradient steps per epoch are in the paper's
+    # appendix, which we did not have: DDPO's (clip 1e-4, lr 3e-4, 2 gradient steps), the baseline the paper matches
+    "prdp": {
+        "train": {"algorithm": "prdp", "prdp_beta": 10.0, "clip_range": 1e-4, "learning_rate": 3e-4,
+                  "timestep_fraction": 1.0, "kl_beta": 0.0, "num_minibatches": 1, "num_inner_epochs": 2,
+                  "max_grad_norm": 1.0, "weight_decay": 1e-4, "iterations": 100},
+        "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 16,
+                   "prompts_per_iteration": 32},
         "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4},
     },
 }
@@ -246,6 +278,6 @@ GROUP_PREFERENCE_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-PRESETS: dict[str, dict[str, Any]] = {**GRPO_PRESETS, **PREF_GRPO_PRESETS, **DDPO_PRESETS, **DRAFT_PRESETS,
-                                      **NFT_PRESETS, **FORWARD_PRESETS,
+PRESETS: dict[str, dict[str, Any]] = {**GRPO_PRESETS, **GRPO_GUARD_PRESETS, **PREF_GRPO_PRESETS, **DDPO_PRESETS,
+                                      **PRDP_PRESETS, **DRAFT_PRESETS, **NFT_PRESETS, **FORWARD_PRESETS,
                                       **GROUP_PREFERENCE_PRESETS}

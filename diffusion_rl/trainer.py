@@ -6,7 +6,7 @@
     rollout     rollout.py        trajectories with log-probs (pipelines.py: adapters; seeding.py: noise)
     rewards     rewards.py        the run's rewards, loaded once
     advantages  algorithms/       GRPO, Pref-GRPO, DDPO: tensors in, advantages out (DRaFT: its own iteration)
-    loss        losses.py         PPO-clip, ratio normalisation, KL to the reference
+    loss        losses.py         PPO-clip, KL to the reference (GRPO-Guard's ratio: algorithms/grpo_guard.py)
     step        policy.py         LoRA/full weights, optimizer, EMA, gradient clipping
     around it   evaluation.py, reporting.py, checkpointing.py, export.py, accelerator.py, hacking_guard.py
 
@@ -47,10 +47,12 @@ from diffusion_rl.algorithms import (
     OfflineDiffusionDPO,
     make_algorithm,
 )
+from diffusion_rl.algorithms.grpo_guard import guard_policy_loss, uses_ratio_norm
+from diffusion_rl.algorithms.prdp import PRDP
 from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.evaluation import check_sharded_evaluation, evaluate
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.losses import gaussian_kl, normalized_log_ratio, ppo_clip_loss
+from diffusion_rl.losses import gaussian_kl, ppo_clip_loss
 from diffusion_rl.pipelines import PromptEmbeds, adapter_for_config, check_reward_modalities, run_pipeline
 from diffusion_rl.policy import Policy
 from diffusion_rl.probe import Probe
@@ -145,7 +147,7 @@ class Trainer:
                     self.adapter, embeds.index(sl), slots[sl], sample_ids[sl], num_steps=cfg.sample.num_steps,
                     guidance_scale=cfg.sample.guidance_scale, kernel=self.kernel, sde_steps=sde, seed=cfg.train.seed,
                     epoch=it, share_initial_noise=cfg.sample.share_initial_noise, model=model,
-                    store_means=cfg.train.ratio_norm, ode_solver=cfg.sample.ode_solver, antithetic=cfg.sample.antithetic_noise,
+                    store_means=uses_ratio_norm(cfg.train), ode_solver=cfg.sample.ode_solver, antithetic=cfg.sample.antithetic_noise,
                     **memory.rollout_kwargs(cfg.sample, self.adapter)))
             scoring.submit(prompts[sl], parts[-1].images)  # scored now, or (overlap) while the next chunk rolls out
         traj = Trajectory.cat(parts)
@@ -191,17 +193,16 @@ class Trainer:
                         res = step_log_prob(self.adapter, policy.model, x, x_next, steps, traj.schedule, emb,
                                             cfg.sample.guidance_scale, self.kernel)
                     dt = (traj.schedule.b[steps] - traj.schedule.a[steps]).to(acc.device, torch.float32)
-                    log_ratio = None
-                    if tc.ratio_norm:
-                        old_mean = traj.means[chunk, steps].to(acc.device)
-                        log_ratio = normalized_log_ratio(res.log_prob, old, res.mean, old_mean, res.std)
                     if probe and count == 1:
                         for key, val in self.probe.check(res.log_prob - old).items():
                             stats.setdefault(key, []).append(val)
-                    pl = ppo_clip_loss(res.log_prob, old, batch.weighted(adv, steps), tc.clip_range, log_ratio=log_ratio)
-                    loss = pl.loss
-                    if tc.ratio_norm and flow:
-                        loss = loss / dt.abs().mean()  # Pref-GRPO's rationorm rescales by 1 / |dt|
+                    if uses_ratio_norm(tc):  # GRPO-Guard's RatioNorm and 1 / dt step weight (algorithms/grpo_guard.py)
+                        old_mean = traj.means[chunk, steps].to(acc.device)
+                        pl, loss = guard_policy_loss(res.log_prob, old, res.mean, old_mean, res.std,
+                                                     batch.weighted(adv, steps), dt, tc.clip_range, reweight=flow)
+                    else:
+                        pl = ppo_clip_loss(res.log_prob, old, batch.weighted(adv, steps), tc.clip_range)
+                        loss = pl.loss
                     if tc.kl_beta > 0:
                         ref_mean = policy.reference_mean(self.adapter, x, x_next, steps, traj.schedule, emb,
                                                          cfg.sample.guidance_scale, self.kernel)
@@ -231,14 +232,18 @@ class Trainer:
         t0 = time.perf_counter()
         batch, order = self.collect(it)
         t1 = time.perf_counter()
-        batch.advantages, metrics = self.algorithm.advantages(batch, order)
-        metrics.update(self.update(selection.select_best_worst(batch, order, self.cfg.train.best_worst_k)))
+        if isinstance(self.algorithm, PRDP):  # regresses reward differences of pairs: no advantages, its own update
+            metrics = self.algorithm.update(batch, order, self.policy, self.adapter, self.kernel)
+        else:
+            batch.advantages, metrics = self.algorithm.advantages(batch, order)
+            metrics.update(self.update(selection.select_best_worst(batch, order, self.cfg.train.best_worst_k)))
         t2 = time.perf_counter()
         for name, r in batch.rewards.items():
             all_r = order.gather(r)
             metrics[f"reward/{name}"] = float(all_r.mean())
             metrics[f"reward/{name}_std"] = float(all_r.std()) if len(all_r) > 1 else 0.0
-        metrics["adv/abs_mean"] = float(batch.advantages.abs().mean())
+        if batch.advantages is not None:
+            metrics["adv/abs_mean"] = float(batch.advantages.abs().mean())
         metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1})
         self.last_images = batch.images
         return metrics

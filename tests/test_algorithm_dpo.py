@@ -321,6 +321,7 @@ def test_diffusion_rl_train_runs_the_offline_dpo_preset_on_tiny_sd3(tmp_path, ti
     assert trained[0]["dpo/pairs"] == 2.0 and trained[0]["dpo/dataset_pairs"] == 4.0 and trained[0]["train/grad_norm"] > 0
 
 
+@pytest.mark.slow  # the default suite runs offline DPO on tiny SD3 through the CLI
 def test_one_offline_dpo_iteration_trains_tiny_flux_and_refuses_a_video_pipeline(tmp_path, tiny_pipeline_dir):
     from diffusion_rl.trainer import Trainer
 

@@ -18,7 +18,9 @@ from diffusion_rl.algorithms.dgpo import DGPO
 from diffusion_rl.algorithms.dpo import DiffusionDPO, OfflineDiffusionDPO
 from diffusion_rl.algorithms.draft import DRaFT
 from diffusion_rl.algorithms.grpo import GRPO
+from diffusion_rl.algorithms.grpo_guard import GRPOGuard
 from diffusion_rl.algorithms.nft import DiffusionNFT
+from diffusion_rl.algorithms.prdp import PRDP
 from diffusion_rl.algorithms.pref_grpo import PrefGRPO
 from diffusion_rl.algorithms.raft import RAFT
 from diffusion_rl.algorithms.refl import ReFL
@@ -39,6 +41,10 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
     name = cfg.train.algorithm
     if name == "grpo":
         return GRPO(cfg)
+    if name == "prdp":  # the trainer's rollouts, then PRDP's own update in place of the PPO one
+        return PRDP(cfg)
+    if name == "grpo_guard":  # GRPO's advantages; the trainer's PPO loss takes GRPO-Guard's ratio (uses_ratio_norm)
+        return GRPOGuard(cfg)
     if name == "ddpo":
         return DDPO(cfg)
     if name == "pref_grpo":
@@ -60,5 +66,5 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
     return DRaFT(cfg, rewards)
 
 
-__all__ = ["AWM", "CRD", "DGPO", "DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO", "PrefGRPO",
-           "OfflineDiffusionDPO", "ReFL", "make_algorithm"]
+__all__ = ["AWM", "CRD", "DGPO", "DDPO", "RAFT", "AdvantageAlgorithm", "DRaFT", "DiffusionDPO", "DiffusionNFT", "GRPO",
+           "GRPOGuard", "PrefGRPO", "OfflineDiffusionDPO", "PRDP", "ReFL", "make_algorithm"]
