@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "assets" / "shapesworld" / "generator"
 needs_generator = pytest.mark.skipif(not (GENERATOR / "model_index.json").is_file(),
                                      reason="assets/shapesworld/generator is not built")
-SMALL = ["train.iterations=2", "sample.prompts_per_iteration=2", "sample.group_size=2", "sample.batch_size=4",
+# 4 samples in 2 rollout chunks: the remote run also overlaps its scoring with the rollout (reward.overlap)
+SMALL = ["train.iterations=2", "sample.prompts_per_iteration=2", "sample.group_size=2", "sample.batch_size=2",
          "train.micro_batch_size=4", "sample.num_steps=2", "sample.sde_window=[0, 1]", "train.num_minibatches=1",
          "log.progress=false", "log.eval_every=0", "prompts.eval=null", "log.save_every=0"]
 TOKEN = "test-token-0123456789"
@@ -59,8 +60,8 @@ def test_run_with_a_remote_reward_equals_the_in_process_run_bit_for_bit(tmp_path
     monkeypatch.setenv("MMREWARD_TOKEN", TOKEN)
     local = _trainer(tmp_path / "local")
     before = {n: p.detach().clone() for n, p in local.policy.model.named_parameters()}
-    remote_cfg = json.dumps({"shapes-eval": {"url": f"{worker.url}/shapes-eval", "request_items": 3}})
-    remote = _trainer(tmp_path / "remote", f"reward.remote={remote_cfg}", "reward.options={}")
+    remote_cfg = json.dumps({"shapes-eval": {"url": f"{worker.url}/shapes-eval", "request_items": 1}})
+    remote = _trainer(tmp_path / "remote", f"reward.remote={remote_cfg}", "reward.options={}", "reward.overlap=true")
     assert isinstance(remote.rewards.train["shapes-eval"], RemoteReward)
     assert remote.rewards.train["shapes-eval"].name == "shapes-eval"
     m_local, p_local = _train_and_params(local)
