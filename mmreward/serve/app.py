@@ -90,12 +90,16 @@ class ScoringApp:
         limit = self.cfg.max_request_bytes
         if len(body) > limit:
             raise RequestTooLargeError(f"request body of {len(body)} bytes exceeds max_request_bytes={limit}")
-        payload = parse_json_object(body)
         kw = {"max_items": self.cfg.max_request_items, "request_id": next(self._ids)}
-        if route in SCORER_ROUTES:
-            items = await asyncio.to_thread(prepare_scorer_request, payload, self.reward, **kw)  # image decoding
-        else:
-            items = prepare_request(payload, route, self.reward, **kw)
+
+        def decode() -> list:
+            payload = parse_json_object(body)
+            if route in SCORER_ROUTES:
+                return prepare_scorer_request(payload, self.reward, **kw)
+            return prepare_request(payload, route, self.reward, **kw)
+
+        # JSON, base64 and image decoding of a large body take a while: off the loop that reads other requests
+        items = await asyncio.to_thread(decode)
         batcher = self.compare_batcher if route == "compare" else self.score_batcher
         out, status = merge_results(await batcher.submit(items))
         if status == 200 and route in SCORER_ROUTES:
