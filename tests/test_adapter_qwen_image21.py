@@ -88,3 +88,19 @@ def test_bad_inputs_are_config_errors(pipe, tmp_path):
         make_adapter(pipe, 64, 64).encode([EditPrompt("make it blue", src)])
     with pytest.raises(ConfigError, match="max_sequence_length"):
         make_adapter(pipe, 64, 64, max_sequence_length=4).encode([LONG])
+
+
+def test_family_and_every_lora_target_names_modules_of_the_transformer(pipe):
+    from diffusion_rl.adapters import DEFAULT_LORA_TARGETS, adapter_class_for
+    from diffusion_rl.adapters.qwen_image21 import (
+        QWEN_IMAGE21_LORA_TARGETS,
+        QWEN_IMAGE21_MLP_LORA_TARGETS,
+        QwenImage21Adapter,
+    )
+
+    assert adapter_class_for(pipe) == ("qwen_image21", QwenImage21Adapter)
+    assert DEFAULT_LORA_TARGETS["qwen_image21"] == QWEN_IMAGE21_LORA_TARGETS
+    names = [n for n, _ in pipe.transformer.named_modules()]
+    for target in QWEN_IMAGE21_LORA_TARGETS + QWEN_IMAGE21_MLP_LORA_TARGETS:  # a suffix matching nothing trains less
+        assert any(n.endswith("." + target) and n.startswith("transformer_blocks.") for n in names), target
+    assert make_adapter(pipe, 64, 64).latent_shape() == (16, pipe.transformer.config.in_channels)  # 64 px / 16
