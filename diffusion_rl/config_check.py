@@ -181,11 +181,11 @@ def _check_prompts(cfg: RunConfig, which: str) -> str:
 
 def check_config(cfg: RunConfig, num_processes: int = 1) -> list[str]:
     """Summary lines of a config that resolves offline (everything but weights); raises a typed error if not."""
-    from diffusion_rl import sharding
+    from diffusion_rl import sample_assignment
 
     if num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
-    sharding.check_divisible(cfg.sample, cfg.train, num_processes)
+    sample_assignment.check_divisible(cfg.sample, cfg.train, num_processes)
     prompts = {which: _check_prompts(cfg, which) for which in ("train", "eval")}
     pipeline = _check_pipeline(cfg.model.pretrained)
     rc = cfg.reward

@@ -11,7 +11,7 @@ import torch
 
 from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.memory import rollout_kwargs
+from diffusion_rl.memory_settings import rollout_kwargs
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import rollout

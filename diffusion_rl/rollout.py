@@ -164,7 +164,7 @@ def rollout(
     the deterministic steps after the last SDE step with DPM-Solver++ 2M (MixGRPO's higher-order ODE part;
     flow models only); the steps before and in the window, and so every trained log-prob, are unchanged.
 
-    Memory (`diffusion_rl.memory`): the VAE decodes `decode_chunk_size` samples at a time (None: one clip for
+    Memory (`diffusion_rl.memory_settings`): the VAE decodes `decode_chunk_size` samples at a time (None: one clip for
     video pipelines, the whole batch for images); with `offload` every stored tensor (the per-step latents,
     log-probs and means, and the decoded samples) goes to CPU memory as soon as it is made, so the device holds
     only the current state and one decode chunk. Neither changes a value.

@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sharding import CanonicalOrder
+from diffusion_rl.sample_assignment import CanonicalOrder
 from mmreward.errors import ConfigError
 
 

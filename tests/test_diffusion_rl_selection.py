@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from diffusion_rl import sharding
+from diffusion_rl import sample_assignment
 from diffusion_rl.config import from_dict
 from diffusion_rl.selection import best_worst_indices, best_worst_mask
 from mmreward.errors import ConfigError
@@ -73,8 +73,8 @@ def _run_processes(world: int, prompts: int, group: int, adv_table: torch.Tensor
     def work(rank: int) -> None:
         try:
             acc = _ThreadAccelerator(rank, world, board, barrier)
-            slots, sample_ids = sharding.local_samples(prompts, group, rank, world)
-            order = sharding.CanonicalOrder(acc, slots, sample_ids, group)
+            slots, sample_ids = sample_assignment.local_samples(prompts, group, rank, world)
+            order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, group)
             local_adv = adv_table[slots, sample_ids]
             idx = best_worst_indices(local_adv, slots, order, k)
             assert torch.equal(idx, idx.sort().values)  # ascending: local groups stay contiguous

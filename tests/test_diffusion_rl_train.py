@@ -16,7 +16,7 @@ import yaml
 
 from diffusion_rl.checkpointing import read_checkpoint
 from diffusion_rl.config import TrainConfig, from_dict, load_config, parse_overrides
-from diffusion_rl.probe import ProbeError
+from diffusion_rl.ratio_probe import ProbeError
 from diffusion_rl.trainer import Trainer
 from mmreward.errors import CheckpointError, ConfigError
 

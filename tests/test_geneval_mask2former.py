@@ -602,7 +602,7 @@ def test_detector_matches_mmdet_postprocessing_of_its_outputs(mmdet_model, conve
 
 
 def test_geneval_reward_with_mask2former_detector(tmp_path, mmdet_model):
-    from mmreward.models.compositional import load_geneval
+    from mmreward.models.geneval_reward import load_geneval
 
     reward = load_geneval(weights="random", detector="mask2former", colors="hsv", score="dense")
     assert type(reward.detector).__name__ == "Mask2FormerDetector"

@@ -11,7 +11,7 @@ from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 
 from diffusion_rl.config import SampleConfig, from_dict
 from diffusion_rl.kernels import Kernel
-from diffusion_rl.sharding import sde_steps
+from diffusion_rl.sample_assignment import sde_steps
 from diffusion_rl.solvers import dpm2_step
 from mmreward.errors import ConfigError
 

@@ -13,7 +13,7 @@ from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tolerances import assert_close_scaled
 
 from diffusion_rl.config import from_dict
-from diffusion_rl.sharding import sde_steps
+from diffusion_rl.sample_assignment import sde_steps
 
 MOCK = {"reward": {"rewards": {"mock": 1.0}}}
 

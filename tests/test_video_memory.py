@@ -223,25 +223,25 @@ def test_gradient_checkpointing_is_on_by_default_for_video_with_the_same_gradien
 
 
 def test_image_pipelines_keep_todays_memory_behaviour(pipe_dirs, tmp_path):
-    from diffusion_rl import memory
+    from diffusion_rl import memory_settings
     from diffusion_rl.trainer import Trainer
 
     trainer = Trainer(_cfg(pipe_dirs, "sd3", tmp_path))
     assert not trainer.policy.unwrapped.is_gradient_checkpointing
-    assert memory.rollout_kwargs(trainer.cfg.sample, trainer.adapter) == {"decode_chunk_size": None, "offload": False}
+    assert memory_settings.rollout_kwargs(trainer.cfg.sample, trainer.adapter) == {"decode_chunk_size": None, "offload": False}
     assert trainer.adapter.default_decode_chunk_size(7) == 7
     forced = Trainer(_cfg(pipe_dirs, "sd3", tmp_path / "on", model={"gradient_checkpointing": True}))
     assert forced.policy.unwrapped.is_gradient_checkpointing
 
 
 def test_offloaded_trajectory_gives_a_bit_identical_update(pipe_dirs, tmp_path):
-    from diffusion_rl import memory
+    from diffusion_rl import memory_settings
     from diffusion_rl.trainer import Trainer
 
     runs = {}
     for offload in (True, False):
         trainer = Trainer(_cfg(pipe_dirs, "wan", tmp_path / str(offload), sample={"offload_trajectory": offload}))
-        assert memory.rollout_kwargs(trainer.cfg.sample, trainer.adapter)["offload"] is offload
+        assert memory_settings.rollout_kwargs(trainer.cfg.sample, trainer.adapter)["offload"] is offload
         batch, _ = trainer.collect(0)
         for t in (batch.traj.latents, batch.traj.log_probs, batch.traj.means, batch.traj.images):
             assert t.device.type == "cpu"
@@ -250,7 +250,7 @@ def test_offloaded_trajectory_gives_a_bit_identical_update(pipe_dirs, tmp_path):
         runs[offload] = [p.detach().clone() for p in trainer.trainable]
         assert any(not torch.equal(a, b) for a, b in zip(before, runs[offload]))
     auto = Trainer(_cfg(pipe_dirs, "wan", tmp_path / "auto"))
-    assert memory.rollout_kwargs(auto.cfg.sample, auto.adapter)["offload"] is True  # auto: on for video
+    assert memory_settings.rollout_kwargs(auto.cfg.sample, auto.adapter)["offload"] is True  # auto: on for video
     for a, b in zip(runs[True], runs[False]):
         assert torch.equal(a, b)
 

@@ -17,7 +17,7 @@ gym = pytest.importorskip("gymnasium")
 
 from vlm_rm.clip_reward import VLMRMReward, projection_matrix  # noqa: E402
 from vlm_rm.envs import FrameInInfo, SB3VLMRewardVecEnv, VLMRewardVectorWrapper, VLMRewardWrapper  # noqa: E402
-from vlm_rm.postprocess import RewardPostprocess  # noqa: E402
+from vlm_rm.reward_shaping import RewardPostprocess  # noqa: E402
 from vlm_rm.shapes_env import ShapesWorldEnv, render_positions  # noqa: E402
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mmreward.errors import ConfigError, require
-from vlm_rm.postprocess import RewardPostprocess
+from vlm_rm.reward_shaping import RewardPostprocess
 
 gym = require("gymnasium", "rl", "vlm_rm.envs")
 

@@ -15,7 +15,7 @@ import torch
 from diffusion_rl.advantages import PerPromptStatTracker, aggregate, clip_advantages, global_advantages
 from diffusion_rl.config import RunConfig
 from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sharding import CanonicalOrder
+from diffusion_rl.sample_assignment import CanonicalOrder
 
 
 class DDPO:

@@ -25,7 +25,7 @@ from diffusion_rl.advantages import (
 )
 from diffusion_rl.config import AdvantageConfig, RunConfig
 from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sharding import CanonicalOrder
+from diffusion_rl.sample_assignment import CanonicalOrder
 
 
 def grpo_advantages(rewards: dict[str, torch.Tensor], group_ids: torch.Tensor, weights: dict[str, float],

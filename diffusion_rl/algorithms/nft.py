@@ -40,8 +40,8 @@ from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
+from diffusion_rl.sample_assignment import CanonicalOrder
 from diffusion_rl.seeding import counter_noise, noise_key
-from diffusion_rl.sharding import CanonicalOrder
 from diffusion_rl.solvers import check_solver, dpm2_step
 from mmreward.errors import CheckpointError, ConfigError
 from mmreward.prompt_sources import score_with_metadata

@@ -17,7 +17,7 @@ import torch
 from diffusion_rl.advantages import clip_advantages, group_advantages, pref_grpo_rewards
 from diffusion_rl.config import RunConfig
 from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sharding import CanonicalOrder
+from diffusion_rl.sample_assignment import CanonicalOrder
 
 
 class PrefGRPO:

@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from vlm_rm.envs import FrameInInfo, SB3VLMRewardVecEnv
-    from vlm_rm.postprocess import RewardPostprocess
+    from vlm_rm.reward_shaping import RewardPostprocess
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
