@@ -78,7 +78,11 @@ OPTIONAL_METHODS: dict[str, dict[str, Any]] = {  # added when the algorithm is r
     "grpo_guard": {"preset": "grpo_guard",
                    "sample": {"kernel": "flow_sde", "noise_level": 0.7, "sde_window": [0, 4], "guidance_scale": 4.0},
                    "train": {"ema": False}},
-    "prdp": {"preset": "prdp", "sample": {"guidance_scale": 4.0}},
+    # PRDP on the flow model: grpo's Flow-SDE rollouts (its preset's DDIM is the paper's UNet sampler); the frozen
+    # copy is its reference (kl_beta only creates it: beta = prdp_beta is PRDP's KL weight)
+    "prdp": {"preset": "prdp",
+             "sample": {"kernel": "flow_sde", "noise_level": 0.7, "sde_window": [0, 4], "guidance_scale": 4.0},
+             "train": {"kl_beta": 1e-4, "timestep_fraction": 0.5, "timestep_selection": "random"}},
 }
 
 

@@ -183,6 +183,10 @@ class ModelConfig:
     audio_modality_scale: float | None = _f(None, "LTX-2: the audio stream's modality_scale (default: the video's)")
     spatio_temporal_guidance_blocks: list[int] | None = _f(None, "LTX-2: transformer blocks whose self-attention STG "
                                                            "skips (the pipeline's default [28])")
+    context_parallel: dict[str, int] | None = _f(None, "video pipelines: split each clip's tokens over the processes "
+                                                 "with diffusers' context parallelism, {ulysses_degree: N} or "
+                                                 "{ring_degree: N} (product = number of processes; ring needs GPUs); "
+                                                 "rollouts only so far, see docs/context_parallel.md")
 
     def __post_init__(self) -> None:
         _validate_types(self, "model")
@@ -203,6 +207,9 @@ class ModelConfig:
         _positive("model.max_sequence_length", self.max_sequence_length)
         _positive("model.num_frames", self.num_frames)
         _positive("model.fps", self.fps)
+        from diffusion_rl.context_parallel import parse_settings
+
+        self.context_parallel = parse_settings(self.context_parallel)
 
 
 @dataclass
@@ -617,13 +624,16 @@ class RunConfig:
                               "log.eval_every to the iterations between evaluations, e.g. 5")
         if self.train.kl_reference == "adapter" and self.train.kl_beta > 0 and not self.model.lora:
             raise ConfigError("train.kl_reference='adapter' needs model.lora=true; use kl_reference='copy' for full fine-tuning")
-        if algo == "prdp" and (self.train.kl_beta > 0 or not self.model.lora or self.train.ratio_norm
+        frozen_copy = self.train.kl_reference == "copy" and self.train.kl_beta > 0  # the copy dpo/prdp compare with
+        if algo == "prdp" and (not (self.model.lora or frozen_copy) or self.train.ratio_norm
                                or self.train.noise_aware_weight):
-            raise ConfigError("train.algorithm prdp regresses reward differences from log-likelihood ratios to the "
-                              "LoRA-free model: its KL weight is train.prdp_beta, so set model.lora: true, "
-                              "train.kl_beta: 0, train.ratio_norm: false and train.noise_aware_weight: false (got "
-                              f"{self.model.lora}, {self.train.kl_beta}, {self.train.ratio_norm}, "
-                              f"{self.train.noise_aware_weight})")
+            raise ConfigError("train.algorithm prdp regresses reward differences from log-likelihood ratios to a "
+                              "reference (its KL weight is train.prdp_beta): set model.lora: true (the reference is "
+                              "the LoRA-free model) or, for full fine-tuning, train.kl_reference: copy with "
+                              "train.kl_beta > 0 (which only keeps the frozen copy); and train.ratio_norm: false, "
+                              f"train.noise_aware_weight: false (got lora {self.model.lora}, kl_reference "
+                              f"{self.train.kl_reference}, kl_beta {self.train.kl_beta}, ratio_norm "
+                              f"{self.train.ratio_norm}, noise_aware_weight {self.train.noise_aware_weight})")
         if self.train.best_worst_k and algo not in ("grpo", "grpo_guard", "pref_grpo"):
             raise ConfigError(f"train.best_worst_k ranks the samples of a group: it applies to grpo, grpo_guard and "
                               f"pref_grpo, not {algo}; set it to 0")

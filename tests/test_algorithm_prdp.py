@@ -177,7 +177,12 @@ def test_prdp_preset_and_config_checks():
     assert (cfg.train.prdp_beta, cfg.sample.num_steps, cfg.sample.guidance_scale, cfg.sample.kernel) == (
         10.0, 50, 5.0, "ddim")
     assert (cfg.sample.group_size, cfg.sample.prompts_per_iteration, cfg.train.timestep_fraction) == (16, 32, 1.0)
-    for bad, match in (({"train": {"kl_beta": 0.1}}, "prdp_beta"), ({"model": {"lora": False}}, "lora"),
+    full = from_dict({"preset": "prdp", "reward": rw, "model": {"lora": False},
+                      "train": {"kl_reference": "copy", "kl_beta": 1e-4}})  # full fine-tuning against a frozen copy
+    assert not full.model.lora
+    for bad, match in (({"model": {"lora": False}}, "kl_reference: copy"),
+                       ({"model": {"lora": False}, "train": {"kl_reference": "copy"}}, "kl_beta > 0"),
+                       ({"train": {"ratio_norm": True}}, "ratio_norm"),
                        ({"train": {"prdp_beta": 0.0}}, "prdp_beta"), ({"sample": {"group_size": 1}}, "group_size")):
         with pytest.raises(ConfigError, match=match):
             from_dict({"preset": "prdp", "reward": rw, **bad})

@@ -17,7 +17,9 @@ Eqs. 16-21): every step's r_hat_theta,t is clipped to within eps of the old poli
 
 and the loss of a pair is max(l_theta, l^clip_theta) (Eq. 18), as PPO does (`rdp_loss`). Here beta is
 `train.prdp_beta` and eps `train.clip_range`; the rollouts are the trainer's SDE/DDIM rollouts with log-probs (as
-GRPO/DDPO), the reward r the run's weighted reward sum, pi_ref the model without its LoRA.
+GRPO/DDPO), the reward r the run's weighted reward sum, pi_ref the model without its LoRA, or for full fine-tuning
+the frozen copy that `train.kl_reference: copy` with `train.kl_beta > 0` keeps (kl_beta adds no term: beta is the
+KL weight, as online DPO does it).
 
 The loss is a square of a sum over steps, so its gradient is not a sum of per-step losses. It is computed exactly
 with one step's activations at a time: a no-grad pass gives every r_hat_theta,t of a minibatch, autograd of `rdp_loss`
@@ -25,7 +27,8 @@ on those values gives dl/dr_hat_theta,t, and a second pass backpropagates sum_t 
 step (the reference term is a constant).
 
 Reference read: the paper (CVPR 2024 open-access text: Eqs. 7-21, Algorithm 1, Sec. 4.1); no code was released.
-What we simplify: the reference is the LoRA-free model (the paper fine-tunes the full UNet against a frozen copy);
+What we simplify: the preset trains a LoRA against the LoRA-free model (the paper fine-tunes the full UNet against
+a frozen copy, which the config above gives);
 the sums over t run over the trained SDE steps (`train.timestep_fraction`, `sample.sde_window`; the preset trains all
 of them, as the paper does); the step-level clip range, learning rate and gradient steps per epoch K are in the
 paper's appendix, which we did not have: the preset takes DDPO's (clip 1e-4, lr 3e-4, K = 2), the baseline the paper
@@ -92,8 +95,9 @@ def reference_model(policy: Policy) -> Iterator[torch.nn.Module]:
         return
     model = policy.unwrapped
     if not hasattr(model, "disable_adapters"):
-        raise ConfigError("train.algorithm 'prdp' regresses log-likelihood ratios to the reference policy, the model "
-                          "without its LoRA: set model.lora: true")
+        raise ConfigError("train.algorithm 'prdp' regresses log-likelihood ratios to a reference policy: set "
+                          "model.lora: true (the model without its LoRA) or train.kl_reference: copy with "
+                          "train.kl_beta > 0 (a frozen copy)")
     model.disable_adapters()
     try:
         yield model
