@@ -20,7 +20,7 @@ A text-only model cannot see pixels, so each image part becomes a text tag compu
 model call runs at a time (as one engine step); requests wait for it while counted as in flight.
 
 `build_tiny_causal_lm(out_dir)` writes the model folder: the project's tiny byte-level BPE Qwen tokenizer
-(mmreward.models._tiny_qwen_vl) and a seeded one-layer Qwen2ForCausalLM whose lm_head rows of "Yes" and "No"
+(mmreward.backbones.tiny_qwen_vl) and a seeded one-layer Qwen2ForCausalLM whose lm_head rows of "Yes" and "No"
 get a component along the answer position's common hidden direction, so that a random model still puts both
 answers among its top-20 first tokens (what a yes/no probability judge reads) while their balance varies
 with the prompt.
@@ -44,7 +44,7 @@ _CALIBRATION_PROMPTS = ("a cat.", "two blue squares.", "a red circle above a gre
 
 def _calibration_texts() -> list[str]:
     """PaCo-Reward's GRPO question over two image tags: the judge prompt the yes/no tests send."""
-    from mmreward.models._vlm_prompts import TEMPLATES
+    from mmreward.prompt_templates.vlm import TEMPLATES
 
     return [f"<img1>: <image 8x8 mean={60 + 40 * i}><img2>: <image 8x8 mean={200 - 30 * i}>"
             + TEMPLATES["grpo"].replace("{prompt}", p) for i, p in enumerate(_CALIBRATION_PROMPTS)]
@@ -55,7 +55,7 @@ def build_tiny_causal_lm(out_dir: str | Path, seed: int = 0, hidden: int = 32):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from mmreward.models._tiny_qwen_vl import build_qwen_tokenizer
+    from mmreward.backbones.tiny_qwen_vl import build_qwen_tokenizer
 
     out = Path(out_dir)
     tok = build_qwen_tokenizer(out)
