@@ -160,7 +160,7 @@ class TransformersBackend(JudgeBackend):
         return next(self.model.parameters()).dtype
 
     def _batch(self, requests, suffixes=None, padding_side="right"):
-        from mmreward.models._qwen_vl import build_batch, model_inputs
+        from mmreward.backbones.qwen_vl import build_batch, model_inputs
 
         kind, per_item = _check_uniform(requests)
         media = [m for r in requests for m in r.media] if per_item else None
