@@ -44,6 +44,26 @@ def check_launch_backend() -> None:
                           "configs/accelerate/ddp.yaml on CPU")
 
 
+def name_fsdp_blocks(accelerator: Any, block_classes: tuple[str, ...]) -> list[str] | None:
+    """Shard each transformer block on its own under FSDP2 (accelerate's TRANSFORMER_BASED_WRAP): fill the plugin's
+    `transformer_cls_names_to_wrap` with the adapter's `block_classes` before `prepare`, unless the launch config
+    names classes itself (`fsdp_transformer_layer_cls_to_wrap`, which wins). Without this accelerate falls back to
+    the model's `_no_split_modules`, which LTX and LTX-2 do not declare (the whole transformer would be one FSDP
+    unit, gathered whole for every forward pass) and which lists patch embedders and refiners for others.
+    Returns the names in force, or None when the run is not FSDP with a transformer-based wrap policy."""
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is None:
+        return None
+    policy = getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy)
+    if policy is not transformer_auto_wrap_policy:
+        return None
+    if plugin.transformer_cls_names_to_wrap is None and block_classes:
+        plugin.transformer_cls_names_to_wrap = list(block_classes)
+    return list(plugin.transformer_cls_names_to_wrap or [])
+
+
 def tracker_init_kwargs(log: LogConfig, output_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Per-tracker keyword arguments for `Accelerator.init_trackers`: W&B takes the run name and tags (the
     other trackers' constructors name runs differently, so they keep their own defaults), and writes its

@@ -139,6 +139,11 @@ def adapter_for_config(pipeline: Any, model_cfg: Any) -> PipelineAdapter:
             raise ConfigError(f"model.{next(iter(ltx2))} is an LTX-2 (LTX2Pipeline) guidance setting; "
                               f"{type(pipeline).__name__} has no such setting: leave model.{next(iter(ltx2))} unset")
         adapter.configure_guidance(**ltx2)
+    # context parallelism (video transformers): every forward pass of the rollouts splits the clip's tokens
+    if getattr(model_cfg, "context_parallel", None) is not None:
+        from diffusion_rl.context_parallel import enable_context_parallel
+
+        enable_context_parallel(adapter, model_cfg.context_parallel)
     return adapter
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from diffusion_rl import memory
+from diffusion_rl.accelerator import name_fsdp_blocks
 from diffusion_rl.config import RunConfig
 from diffusion_rl.ema import EMA
 from diffusion_rl.kernels import Kernel
@@ -28,6 +29,11 @@ class Policy:
 
     def __init__(self, cfg: RunConfig, adapter: PipelineAdapter, accelerator: Any) -> None:
         self.accelerator = accelerator
+        if cfg.model.context_parallel is not None:
+            raise ConfigError("model.context_parallel splits rollouts only so far: training under context parallelism "
+                              "needs every process of the group to own the same samples and sum their gradients "
+                              "(each holds one sequence shard's share), which the trainer's data-parallel sharding "
+                              "does not do yet; see docs/context_parallel.md")
         model = adapter.denoiser
         self.ref_model = None
         if cfg.train.kl_beta > 0 and cfg.train.kl_reference == "copy":
@@ -56,6 +62,7 @@ class Policy:
         tc = cfg.train
         optimizer = torch.optim.AdamW(params, lr=tc.learning_rate, betas=(tc.adam_beta1, tc.adam_beta2),
                                       weight_decay=tc.weight_decay, eps=tc.adam_eps)
+        name_fsdp_blocks(accelerator, adapter.block_classes)  # FSDP2 shards block by block (accelerator.py)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         # FSDP replaces the parameters while preparing (sharded DTensors) and points the optimizer at the new
         # ones, so everything that touches parameters (clipping, EMA, checkpoints) takes them from the

@@ -11,12 +11,18 @@ After the uninterrupted FSDP runs (a full fine-tune, and a LoRA one), both proce
 still-sharded model (its EMA weights, which is what `final/` holds) and the main process saves the images to
 OUT/<mode>/trained_samples.safetensors, for the test to compare with the exported `final/` loaded in diffusers.
 
-    python fsdp_cpu_run.py CONFIG.yaml OUT
+`CpuFSDP2` shards the way an FSDP launch config with `fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` does: each
+module of the adapter's `block_classes` (named into the plugin by `diffusion_rl.accelerator.name_fsdp_blocks`)
+is its own FSDP unit, then the root; each FSDP run writes the class names of its units to OUT/<mode>/fsdp_units.json.
+
+    python fsdp_cpu_run.py CONFIG.yaml OUT            # SD3: FSDP full fine-tune + resume + LoRA, and DDP
+    python fsdp_cpu_run.py CONFIG.yaml OUT video      # one FSDP LoRA iteration only (a video family)
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,11 +39,27 @@ from diffusion_rl.trainer import Trainer
 class CpuFSDP2(Accelerator):
     """accelerate's FSDP2 preparation (`fsdp2_prepare_model` + `fsdp2_switch_optimizer_parameters`), on CPU."""
 
+    def __init__(self) -> None:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        super().__init__()
+        # what an FSDP launch config with TRANSFORMER_BASED_WRAP gives accelerate (the state is shared with the DDP
+        # accelerator of this process, whose distributed type is MULTI_CPU, so its prepare never reads it)
+        self.state.fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2,
+                                                                auto_wrap_policy="transformer_based_wrap")
+
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        from torch.distributed.fsdp import fully_shard
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         names = {id(p): n for n, p in model.named_parameters()}
         groups = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+        plugin = self.state.fsdp_plugin
+        plugin.set_auto_wrap_policy(model)  # as fsdp2_prepare_model: _no_split_modules unless names were given
+        policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+        for module in get_module_children_bottom_up(model)[:-1]:  # accelerate's loop: blocks first, root last
+            if policy is not None and policy(module) and not isinstance(module, FSDPModule):
+                fully_shard(module)
         fully_shard(model)
         new = dict(model.named_parameters())
         for g, group_names in zip(optimizer.param_groups, groups, strict=True):
@@ -67,7 +89,14 @@ def sample(pipe: Any) -> torch.Tensor:
                 max_sequence_length=8, output_type="pt", generator=torch.Generator().manual_seed(7)).images
 
 
-def main(config: str, out: str) -> None:
+def fsdp_units(model: torch.nn.Module) -> list[str]:
+    """The class names of the model's FSDP units (fully_shard renames a class FSDP<Class>), root first."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [type(m).__name__.removeprefix("FSDP") for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def main(config: str, out: str, mode: str = "all") -> None:
     acc_fsdp, acc_ddp = CpuFSDP2(), Accelerator()
     assert acc_ddp.num_processes == 2, "launch with torchrun --nproc_per_node 2 and ACCELERATE_USE_CPU=1"
     runs = {  # name: (accelerator, iterations, overrides)
@@ -76,11 +105,19 @@ def main(config: str, out: str) -> None:
         "ddp": (acc_ddp, 2, []),
         "fsdp_lora": (acc_fsdp, 1, ["model.lora=true"]),
     }
+    if mode == "video":
+        runs = {"fsdp_lora": runs["fsdp_lora"]}
     for name, (acc, iterations, extra) in runs.items():
         cfg = load_config(config, [f"log.output_dir={out}/{name}", f"train.iterations={iterations}", *extra])
         trainer = Trainer(cfg, accelerator=acc)
         assert trainer.policy.sharded == (acc is acc_fsdp)
+        if acc is acc_fsdp and acc.is_main_process:
+            Path(out, name).mkdir(parents=True, exist_ok=True)
+            Path(out, name, "fsdp_units.json").write_text(json.dumps(fsdp_units(trainer.policy.model)))
         trainer.fit()
+        if mode == "video":
+            acc.wait_for_everyone()
+            return
         if name in ("fsdp_straight", "fsdp_lora"):  # every process runs the sharded forward passes
             with trainer.policy.averaged():
                 images = sample(trainer.adapter.pipeline)

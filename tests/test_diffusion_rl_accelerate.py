@@ -177,6 +177,14 @@ def test_fsdp_two_processes_save_resume_and_equal_ddp(sd3, tmp_path):
     proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(REPO / "tests" / "fsdp_cpu_run.py"), str(path),
                            str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # FSDP2 shards each of SD3's transformer blocks on its own, then the root: the adapter's block_classes reach the
+    # TRANSFORMER_BASED_WRAP policy (diffusion_rl.accelerator.name_fsdp_blocks), as a GPU launch config does
+    import json
+
+    for run in ("fsdp_straight", "fsdp_lora"):
+        units = json.loads((tmp_path / "out" / run / "fsdp_units.json").read_text())
+        assert units[0] == "SD3Transformer2DModel" and len(units) > 1
+        assert set(units[1:]) == {"JointTransformerBlock"}
     straight, resumed, ddp = (read_checkpoint(tmp_path / "out" / run / "checkpoints" / "iter_000002")
                               for run in ("fsdp_straight", "fsdp_resumed", "ddp"))
     assert len(straight["params"]) > 10  # every weight of the denoiser, gathered whole

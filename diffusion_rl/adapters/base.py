@@ -78,6 +78,9 @@ class PipelineAdapter:
     modality: str = "image"  # what `decode` returns: "image" (B, 3, H, W) or "video" (B, T, 3, H, W)
     is_edit: bool = False  # True: prompts are edit records and the source image is part of the condition
     fps: float | None = None  # frames per second of the clips a video pipeline makes (its export rate)
+    # the transformer block classes FSDP2 shards one by one (accelerate's TRANSFORMER_BASED_WRAP `transformer_cls_names_to_wrap`);
+    # named here because some transformers declare no `_no_split_modules` (LTX, LTX-2) and others list non-blocks in it
+    block_classes: tuple[str, ...] = ()
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,
                  max_sequence_length: int | None = None) -> None:

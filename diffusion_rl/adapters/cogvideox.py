@@ -34,6 +34,7 @@ class CogVideoXAdapter(VideoAdapter):
     """diffusers' CogVideoXPipeline: v-prediction DDIM on (B, C, T', H', W') latents (see the module docstring)."""
 
     family = "cogvideox"
+    block_classes = ("CogVideoXBlock",)
     is_flow = False
     fps = 8.0  # CogVideoX makes 8 fps clips (6 s of 49 frames; 1.5: 16 fps, set model.fps)
 

@@ -18,6 +18,7 @@ class FluxAdapter(PipelineAdapter):
     input (no CFG), others get true CFG with the empty prompt when guidance_scale > 1."""
 
     family = "flux"
+    block_classes = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
 
     def _default_size(self) -> int:
         return 128 * int(self.pipeline.vae_scale_factor)  # the pipeline's default_sample_size

@@ -54,6 +54,7 @@ class Flux2Adapter(PipelineAdapter):
     """diffusers' Flux2Pipeline: guidance-embedded flow matching on packed 2x2 latent patches (see module doc)."""
 
     family = "flux2"
+    block_classes = ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
 
     # -- geometry -----------------------------------------------------------------------------
     def _default_size(self) -> int:

@@ -31,6 +31,7 @@ class HunyuanVideoAdapter(WanAdapter):
     """diffusers' HunyuanVideoPipeline: guidance-distilled flow matching on 5-D video latents."""
 
     family = "hunyuan_video"
+    block_classes = ("HunyuanVideoTransformerBlock", "HunyuanVideoSingleTransformerBlock")
     fps = 24.0  # the official HunyuanVideo sampler saves its clips at 24 fps
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,

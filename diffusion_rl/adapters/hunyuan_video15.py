@@ -43,6 +43,7 @@ class HunyuanVideo15Adapter(VideoAdapter):
     """diffusers' HunyuanVideo15Pipeline: flow matching with true CFG on 5-D video latents."""
 
     family = "hunyuan_video15"
+    block_classes = ("HunyuanVideo15TransformerBlock",)
     is_flow = True
     fps = 24.0  # 121-frame (~5 s) clips at 24 fps, the model card's rate; set adapter.fps / model.fps otherwise
 

@@ -35,6 +35,7 @@ class LTXAdapter(VideoAdapter):
     """diffusers' LTXPipeline: flow matching on packed video tokens (see the module docstring)."""
 
     family = "ltx"
+    block_classes = ("LTXVideoTransformerBlock",)
     is_flow = True
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,

@@ -54,6 +54,7 @@ class QwenImage21Adapter(QwenImageAdapter):
     """diffusers' QwenImage21Pipeline: Qwen-Image-2.1 text-to-image (see the module docstring)."""
 
     family = "qwen_image21"
+    block_classes = ("QwenImage21TransformerBlock",)
     is_edit = False
 
     def _default_size(self) -> int:

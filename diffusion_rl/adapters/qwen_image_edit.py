@@ -33,6 +33,7 @@ class QwenImageEditAdapter(PipelineAdapter):
     """diffusers' QwenImageEditPipeline: the source image in the VLM prompt and as latents beside the noisy ones."""
 
     family = "qwen_image_edit"
+    block_classes = ("QwenImageTransformerBlock",)
     is_edit = True
 
     def _default_size(self) -> int:

@@ -17,6 +17,7 @@ class SDAdapter(PipelineAdapter):
     """SD 1.x/2.x: UNet + DDIM (any scheduler of the pipeline is replaced by DDIM from its config)."""
 
     family = "sd"
+    block_classes = ("BasicTransformerBlock", "ResnetBlock2D")
     is_flow = False
     denoiser_attr = "unet"
 

@@ -14,6 +14,7 @@ from diffusion_rl.adapters.base import PipelineAdapter, PromptEmbeds, Schedule, 
 
 class SD3Adapter(PipelineAdapter):
     family = "sd3"
+    block_classes = ("JointTransformerBlock",)
 
     @torch.no_grad()
     def encode(self, prompts: Sequence[str]) -> PromptEmbeds:

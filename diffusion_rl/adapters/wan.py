@@ -37,6 +37,7 @@ class WanAdapter(PipelineAdapter):
     """diffusers' WanPipeline (Wan 2.1 T2V, Wan 2.2 TI2V-5B): flow matching on 5-D video latents."""
 
     family = "wan"
+    block_classes = ("WanTransformerBlock",)
     is_flow = True
     modality = "video"
     fps = 16.0  # WanPipeline's examples export at 16 fps (Wan 2.1); Wan 2.2 TI2V-5B at 24: set adapter.fps

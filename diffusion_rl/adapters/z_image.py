@@ -44,6 +44,7 @@ class ZImageAdapter(PipelineAdapter):
     same names, set on the adapter (their defaults are the pipeline's)."""
 
     family = "z_image"
+    block_classes = ("ZImageTransformerBlock",)
 
     def __init__(self, pipeline, height: int | None = None, width: int | None = None,
                  max_sequence_length: int | None = None, cfg_normalization: float = 0.0,

@@ -1,0 +1,119 @@
+"""Context (sequence) parallelism for the video transformers, through diffusers' own `ContextParallelConfig` and
+`ModelMixin.enable_parallelism` (diffusers 0.42.1, experimental there): every process of the group holds the
+whole transformer and the same batch, each transformer block sees 1/degree of the token sequence, and attention
+exchanges the rest (Ulysses: all-to-all over heads; ring: key/value blocks passed around). A clip whose
+activations do not fit one device then fits `degree` of them.
+
+Configured by `model.context_parallel: {ulysses_degree: N}` (or `ring_degree`; their product is the group size,
+which must equal the number of processes) and applied to the adapter's transformer(s) when the run builds its
+adapter (`diffusion_rl.pipelines.adapter_for_config`), so every rollout forward pass is split. See
+docs/context_parallel.md for the launch lines and what is measured.
+
+What runs where (measured in this repository, tests/test_context_parallel.py):
+- Ulysses on CPU with gloo (2 processes, tiny Wan): the rollout equals the one-process rollout bit for bit. diffusers
+  computes the group's device as `rank % torch.accelerator.device_count()`, which divides by zero on a host
+  without an accelerator (diffusers/models/modeling_utils.py `_resolve_parallel_config`, 0.42.1); on CPU this module
+  supplies a device count of 1 for that one call, which names device "cpu" and changes nothing else.
+- Ring on CPU: refused. diffusers' ring attention merges blocks by their log-sum-exp, which the native (SDPA)
+  backend does not return ("Native attention does not support return_lse=True"): it needs a flash or sage
+  attention backend, i.e. GPUs.
+- Training under context parallelism is refused (a typed error when the policy is built): each process's
+  gradient is then only its sequence shard's contribution (measured: the two shards' gradients sum to the
+  one-process gradient), so the group must own the same samples and sum its gradients, which the trainer's
+  data-parallel sharding (one process = one share of the prompts) does not do yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from mmreward.errors import ConfigError
+
+KEYS = ("ulysses_degree", "ring_degree")
+
+
+def parse_settings(value: dict[str, Any] | None) -> dict[str, int] | None:
+    """`model.context_parallel` checked: known keys, whole degrees >= 1, a group of at least 2 processes."""
+    if value is None:
+        return None
+    unknown = sorted(set(value) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"model.context_parallel has unknown keys {unknown}: use {list(KEYS)}, e.g. "
+                          "{ulysses_degree: 2}")
+    out = {}
+    for key in KEYS:
+        degree = value.get(key, 1)
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ConfigError(f"model.context_parallel.{key} must be a whole number >= 1, got {degree!r}")
+        out[key] = degree
+    if out["ulysses_degree"] * out["ring_degree"] < 2:
+        raise ConfigError("model.context_parallel needs ulysses_degree or ring_degree > 1 (the processes that split "
+                          "each clip's tokens); leave model.context_parallel unset for none")
+    return out
+
+
+@contextlib.contextmanager
+def _cpu_device_index() -> Iterator[None]:
+    """diffusers 0.42.1 picks the group's device as rank % torch.accelerator.device_count(), a division by zero
+    without an accelerator: report one device (index 0 of "cpu") while it does so, only on such a host."""
+    if torch.accelerator.device_count() > 0:
+        yield
+        return
+    original = torch.accelerator.device_count
+    torch.accelerator.device_count = lambda: 1
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = original
+
+
+def _transformers(adapter: Any) -> list[Any]:
+    """The diffusers models the adapter samples with (Wan 2.2: both experts)."""
+    from diffusers.models.modeling_utils import ModelMixin
+
+    denoiser = adapter.denoiser
+    if isinstance(denoiser, ModelMixin):
+        return [denoiser]
+    return [m for m in denoiser.children() if isinstance(m, ModelMixin)]
+
+
+def enable_context_parallel(adapter: Any, settings: dict[str, int] | None) -> None:
+    """Split every forward pass of the adapter's video transformer(s) over the process group (see the module
+    docstring); a typed ConfigError when the run cannot (not launched with that many processes, an image family,
+    a transformer without diffusers' context-parallel plan, ring attention on CPU)."""
+    if settings is None:
+        return
+    import torch.distributed as dist
+
+    degree = settings["ulysses_degree"] * settings["ring_degree"]
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(f"model.context_parallel splits each clip over {degree} processes, but this is one "
+                          f"process: launch with `torchrun --nproc_per_node {degree}` (or accelerate launch "
+                          f"--num_processes {degree}), see docs/context_parallel.md")
+    if dist.get_world_size() != degree:
+        raise ConfigError(f"model.context_parallel's group ({degree} processes: ulysses {settings['ulysses_degree']}"
+                          f" x ring {settings['ring_degree']}) must span all {dist.get_world_size()} processes")
+    if adapter.modality != "video":
+        raise ConfigError(f"model.context_parallel is for video transformers; a {adapter.family} pipeline makes "
+                          "images: leave model.context_parallel unset")
+    on_cpu = adapter.device.type == "cpu"
+    if settings["ring_degree"] > 1 and on_cpu:
+        raise ConfigError("model.context_parallel.ring_degree needs GPUs: diffusers' ring attention merges blocks by "
+                          "their log-sum-exp, which CPU (native SDPA) attention does not return; use "
+                          "ulysses_degree on CPU, or a flash/sage attention backend on GPUs")
+    models = _transformers(adapter)
+    missing = [type(m).__name__ for m in models if getattr(m, "_cp_plan", None) is None]
+    if not models or missing:
+        raise ConfigError(f"model.context_parallel: {missing or type(adapter.denoiser).__name__} has no "
+                          f"context-parallel plan in diffusers (no `_cp_plan`), so a {adapter.family} pipeline "
+                          "cannot split its sequence; leave model.context_parallel unset")
+    from diffusers import ContextParallelConfig
+
+    for model in models:
+        config = ContextParallelConfig(**settings)
+        with _cpu_device_index() if on_cpu else contextlib.nullcontext():
+            model.enable_parallelism(config=config)
