@@ -12,6 +12,9 @@ server, each at URL/NAME), or `python -m diffusion_rl.remote_rewards worker` (on
 rewards, no Ray); several urls are replicas the trainer spreads its requests over. Without `url`, the trainer
 starts `replicas` worker processes itself (`devices` cycled over them, a random bearer token, loopback only)
 and stops them when it exits. Rewards with the same device share a worker: several rewards in one server.
+With `engine: ray` the trainer starts one Ray Serve server instead: `replicas` Ray actors per reward with
+`num_gpus` GPUs each and the reward's own `runtime_env` (a reward whose dependencies conflict with the
+trainer's).
 
 Either way the trainer holds a `RemoteReward`: a `Reward` whose scores come over HTTP in the `mmreward serve`
 wire format (float32 pixels, base64, so the server scores exactly the trainer's pixels), with a timeout per
@@ -63,7 +66,8 @@ from mmreward.serve import (
 from mmreward.types import PairwiseOutput, Reward, RewardOutput
 
 _URL_KEYS = {"url", "token_env", "timeout_s", "retries", "backoff_s", "request_items"}
-_POOL_KEYS = {"replicas", "devices", "start_timeout_s", "timeout_s", "retries", "backoff_s", "request_items"}
+_POOL_KEYS = {"replicas", "devices", "start_timeout_s", "timeout_s", "retries", "backoff_s", "request_items", "engine",
+              "num_gpus", "runtime_env"}
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 READY = "mmreward-worker ready"
 
@@ -82,6 +86,9 @@ class RemoteSpec:
     replicas: int = 1  # local pool: worker processes serving this reward
     devices: tuple[str, ...] = ("cpu",)  # local pool: the device of each replica (cycled)
     start_timeout_s: float = 300.0  # local pool: how long a worker may take to load its rewards
+    engine: str = "process"  # local pool: 'process' (worker processes, no Ray) or 'ray' (Ray Serve replicas)
+    num_gpus: float = 0.0  # engine 'ray': GPUs per replica (a fraction shares a GPU)
+    runtime_env: dict[str, Any] | None = None  # engine 'ray': the replicas' Ray runtime_env (conflicting deps)
 
     @property
     def local(self) -> bool:
@@ -127,6 +134,23 @@ def parse_remote_spec(name: str, raw: Mapping[str, Any]) -> RemoteSpec:
             kw["devices"] = tuple(devices)
         if "start_timeout_s" in raw:
             kw["start_timeout_s"] = _number(f"{where}.start_timeout_s", raw["start_timeout_s"], float, 1)
+        engine = kw["engine"] = raw.get("engine", "process")
+        if engine not in ("process", "ray"):
+            raise ConfigError(f"{where}.engine must be 'process' (worker processes) or 'ray' (Ray Serve replicas), "
+                              f"got {engine!r}")
+        ray_only = sorted({"num_gpus", "runtime_env"} & set(raw))
+        if ray_only and engine != "ray":
+            raise ConfigError(f"{where}: {ray_only} need engine: ray (Ray Serve replicas)")
+        if engine == "ray" and len(kw.get("devices", ())) > 1:
+            raise ConfigError(f"{where}.devices: Ray places the replicas on its GPUs (num_gpus each); give one device "
+                              f"string for inside every replica (e.g. cuda), got {list(kw['devices'])}")
+        if "num_gpus" in raw:
+            kw["num_gpus"] = _number(f"{where}.num_gpus", raw["num_gpus"], float, 0)
+        if "runtime_env" in raw:
+            if not isinstance(raw["runtime_env"], Mapping):
+                raise ConfigError(f"{where}.runtime_env must be a mapping (Ray runtime_env: pip, env_vars, ...), "
+                                  f"got {raw['runtime_env']!r}")
+            kw["runtime_env"] = dict(raw["runtime_env"])
     for key, kind, low in (("timeout_s", float, 0.001), ("retries", int, 0), ("backoff_s", float, 0),
                            ("request_items", int, 1)):
         if key in raw:
@@ -469,21 +493,47 @@ def connect_remote_rewards(rcfg: Any, attention: str = "auto") -> dict[str, Remo
     local = {n: s for n, s in specs.items() if s.local}
     urls = {n: list(s.urls) for n, s in specs.items() if not s.local}
     token: dict[str, str | None] = {n: os.environ.get(s.token_env) or None for n, s in specs.items() if not s.local}
+    owner: dict[str, LocalPool] = {}
     if local:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError(f"reward.remote: a local pool ({sorted(local)}: no url) would start one per training "
                               "process; start the server once (mmreward serve, or python -m diffusion_rl.remote_rewards "
                               "worker) and give its url instead")
-        pool = LocalPool(local, rcfg.options, attention)
-        for n in local:
-            urls[n], token[n] = pool.urls[n], pool.token
+        by_engine = {e: {n: s for n, s in local.items() if s.engine == e} for e in ("process", "ray")}
+        if by_engine["process"]:
+            pool = LocalPool(by_engine["process"], rcfg.options, attention)
+            for n in by_engine["process"]:
+                urls[n], token[n], owner[n] = pool.urls[n], pool.token, pool
+        if by_engine["ray"]:
+            ray_urls, ray_token = _start_ray_pool(by_engine["ray"], rcfg.options, attention)
+            for n in by_engine["ray"]:
+                urls[n], token[n] = [ray_urls[n]], ray_token
     out = {}
     for n, s in specs.items():
         out[n] = RemoteReward(n, urls[n], token[n], timeout_s=s.timeout_s, retries=s.retries, backoff_s=s.backoff_s,
                               request_items=s.request_items)
-        if s.local:
-            out[n]._pool_owner = pool  # the workers live as long as a reward that uses them
+        if n in owner:
+            out[n]._pool_owner = owner[n]  # the workers live as long as a reward that uses them
     return out
+
+
+def _start_ray_pool(specs: Mapping[str, RemoteSpec], options: Mapping[str, Mapping[str, Any]],
+                    attention: str) -> tuple[dict[str, str], str]:
+    """The engine-'ray' entries as one Ray Serve server on loopback started from this process (`serve_rewards`):
+    each reward its own application with `replicas` replicas of `num_gpus` GPUs and its `runtime_env`.
+    Stopped when the trainer exits."""
+    from mmreward.serve import ServeConfig, shutdown
+
+    token = secrets.token_urlsafe(24)
+    def device(s: RemoteSpec) -> str | None:  # the default 'cpu' means "the reward's own" when it gets a GPU
+        return None if s.devices == ("cpu",) and s.num_gpus > 0 else s.devices[0]
+
+    cfgs = [ServeConfig(reward=n, options={"attention": attention, **dict(options.get(n, {}))}, port=0, token=token,
+                        num_replicas=s.replicas, num_gpus=s.num_gpus, runtime_env=s.runtime_env, device=device(s))
+            for n, s in specs.items()]
+    urls = serve_rewards(cfgs)
+    atexit.register(shutdown)
+    return urls, token
 
 
 # ----------------------------------------------------------------------------------------------

@@ -136,6 +136,10 @@ def test_a_transient_503_is_retried_and_the_scores_are_unchanged(worker):
     ({"pickscore": {"replicas": 2, "devices": []}}, r"devices must be a device string"),
     ({"pickscore": {"url": "http://h:1", "timeout_s": "soon"}}, r"timeout_s must be a number"),
     ({"hpsv2": {"url": "http://h:1"}}, r"names rewards the run does not use: \['hpsv2'\]"),
+    ({"pickscore": {"engine": "slurm"}}, r"engine must be 'process' .* or 'ray'"),
+    ({"pickscore": {"num_gpus": 0.5}}, r"\['num_gpus'\] need engine: ray"),
+    ({"pickscore": {"engine": "ray", "devices": ["cuda:0", "cuda:1"]}}, r"Ray places the replicas"),
+    ({"pickscore": {"engine": "ray", "runtime_env": "pip"}}, r"runtime_env must be a mapping"),
 ])
 def test_bad_remote_entries_are_config_errors_naming_the_key(raw, match):
     with pytest.raises(ConfigError, match=match):
@@ -185,6 +189,27 @@ def test_runtime_env_reaches_the_replicas_actor_options():
     assert opts["runtime_env"] == env
     assert "runtime_env" not in build_app(ServeConfig(reward="mock"))._bound_deployment.ray_actor_options
     assert route_name("mmreward.testing.faulty:FaultyMockReward") == "mmreward.testing.faulty_FaultyMockReward"
+
+
+@pytest.mark.slow
+def test_local_ray_pool_gives_in_process_scores():
+    """engine: ray: the trainer starts Ray Serve itself, 2 replicas with their own runtime_env."""
+    pytest.importorskip("ray.serve")
+    from diffusion_rl.config import RewardConfig
+    from diffusion_rl.remote_rewards import connect_remote_rewards
+    from mmreward.serve import shutdown
+
+    rcfg = RewardConfig(rewards={"shapes-eval": 1.0}, options={"shapes-eval": {"mode": "soft"}},
+                        remote={"shapes-eval": {"engine": "ray", "replicas": 2,
+                                                "runtime_env": {"env_vars": {"MMREWARD_SIDE": "1"}}}})
+    try:
+        remote = connect_remote_rewards(rcfg)["shapes-eval"]
+        img = torch.rand(5, 3, 32, 32)
+        prompts = ["a red circle", "a blue square", "a green cross", "a white triangle", "a red square"]
+        assert torch.equal(remote.score(prompts, img).scores,
+                           mmreward.load("shapes-eval", mode="soft").score(prompts, img).scores)
+    finally:
+        shutdown()
 
 
 @pytest.mark.slow
