@@ -187,10 +187,6 @@ class ModelConfig:
                                                  "with diffusers' context parallelism, {ulysses_degree: N} or "
                                                  "{ring_degree: N} (product = number of processes; ring needs GPUs); "
                                                  "rollouts only so far, see docs/context_parallel.md")
-    context_parallel: dict[str, int] | None = _f(None, "video pipelines: split each clip's tokens over the processes "
-                                                 "with diffusers' context parallelism, {ulysses_degree: N} or "
-                                                 "{ring_degree: N} (product = number of processes; ring needs GPUs); "
-                                                 "rollouts only so far, see docs/context_parallel.md")
 
     def __post_init__(self) -> None:
         _validate_types(self, "model")
@@ -211,9 +207,6 @@ class ModelConfig:
         _positive("model.max_sequence_length", self.max_sequence_length)
         _positive("model.num_frames", self.num_frames)
         _positive("model.fps", self.fps)
-        from diffusion_rl.context_parallel import parse_settings
-
-        self.context_parallel = parse_settings(self.context_parallel)
         from diffusion_rl.context_parallel import parse_settings
 
         self.context_parallel = parse_settings(self.context_parallel)
