@@ -364,6 +364,20 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
                              "max_new_tokens"),
     ),
     RewardSpec(
+        name="visual-prm",
+        loader="mmreward.models.visual_prm:load_visual_prm",
+        description="VisualPRM: a multimodal process reward model (InternVL) scoring every step of a response with "
+        "P('+'), aggregated by mean or min (step_scores gives the steps); transformers' InternVL-hf layout",
+        default_checkpoint="OpenGVLab/VisualPRM-8B",
+        requires=("transformers",),
+        score_range="[0, 1]: the mean (or min) over the response's steps of P('+') against P('-')",
+        preprocess="InternVL load_image: dynamic tiling into at most 12 448-px tiles plus a thumbnail (Pillow's bicubic "
+        "on 8-bit values), ImageNet mean/std; steps split on blank lines; PRM system prompt and internvl2_5 template "
+        "with every verdict teacher-forced to '+'",
+        tiny_options={"tiny": True},
+        card_options=_values("max_num", "max_steps", "aggregation"),
+    ),
+    RewardSpec(
         name="shapes-video-eval",
         loader="mmreward.models.shapes_video_eval:load_shapes_video_eval",
         description="Moving-shapes clips' exact checker: shape, colour per frame, count, motion direction and speed",

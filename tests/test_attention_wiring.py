@@ -24,7 +24,7 @@ ATTENTION_FAMILIES = {
     "aesthetic", "clipscore", "editreward", "editscore", "geneval", "hpsv2", "hpsv2.1", "hpsv3", "imagereward", "paco-reward", "pickscore",
     "preference-head", "r1-reward", "realgen-detectors", "realism-classifier", "shapesworld-aesthetic", "shapesworld-pref",
     "skywork-vl-reward",
-    "unifiedreward", "unifiedreward-think", "univfd", "videoalign", "videoscore2", "vqascore",
+    "unifiedreward", "unifiedreward-think", "univfd", "videoalign", "videoscore2", "visual-prm", "vqascore",
 }
 # relative tolerance of sdpa vs the explicit math path in fp32 (different summation order only)
 RTOL = 1e-4

@@ -60,6 +60,7 @@ FAMILIES: dict[str, tuple[float, str]] = {
     "unifiedreward-think": (0.02, "bf16 Qwen2-VL, fp32 log-softmax over the score tokens"),
     "vqascore": (0.07, "bf16 Qwen2-VL, fp32 log-softmax over the yes token"),
     "paco-reward": (0.05, "bf16 Qwen2-VL, fp32 softmax over yes/no"),
+    "visual-prm": (0.09, "bf16 InternVL, fp32 softmax over the '+'/'-' logits at each step's verdict position (measured 0.044)"),
     # A random tiny CLIP's features barely depend on the image, so sigmoid(probe) spreads only 0.02
     # around 0.5 while bf16 rounding of the features (~0.5%) is a fixed fraction of their size.
     "univfd": (0.15, "bf16 CLIP tower, fp32 probe and sigmoid; random features spread little"),

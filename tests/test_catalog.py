@@ -24,7 +24,7 @@ BUILTIN_NAMES = [
     "paco-reward", "pickscore", "preference-head", "r1-reward", "realgen-detectors", "realism-classifier", "shapes-edit-eval", "shapes-eval",
     "shapes-video-eval", "shapes-vqa",
     "shapesworld-aesthetic", "shapesworld-pref", "skywork-vl-reward", "temporal-consistency", "unifiedreward", "unifiedreward-think",
-    "univfd", "video-frames", "videoalign", "videoscore2", "vqascore",
+    "univfd", "video-frames", "videoalign", "videoscore2", "visual-prm", "vqascore",
 ]
 HEAVY = ("transformers", "open_clip", "diffusers", "onnxruntime", "torchvision")
 
