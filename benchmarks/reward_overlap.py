@@ -67,12 +67,14 @@ def run(args: argparse.Namespace) -> dict:
         t.rewards.train[SLOW].sleep_s = sleep_s
     times: dict[str, list[float]] = {"sync": [], "overlap": []}
     rewards: dict[str, list[float]] = {"sync": [], "overlap": []}
+    blocking: dict[str, list[float]] = {"sync": [], "overlap": []}
     for it in range(1, args.iterations + 1):
         for name, trainer in (("sync", sync), ("overlap", over)):
             t0 = time.perf_counter()
             metrics = trainer.train_iteration(it)
             times[name].append(time.perf_counter() - t0)
             rewards[name].append(metrics[f"reward/{SLOW}"])
+            blocking[name].append(metrics["time/reward_blocking_s"])
     same = all(torch.equal(a, b) for a, b in zip(sync.policy.model.parameters(), over.policy.model.parameters()))
     s, o = statistics.median(times["sync"]), statistics.median(times["overlap"])
     reward_s = args.chunks * sleep_s
@@ -81,6 +83,8 @@ def run(args: argparse.Namespace) -> dict:
             "iteration_s_sync": s, "iteration_s_overlap": o, "ratio_overlap_over_sync": o / s,
             "reward_time_hidden_fraction": (s - o) / reward_s if reward_s > 0 else 0.0,
             "best_possible_hidden_fraction": (args.chunks - 1) / args.chunks if sleep_s <= gen_chunk_s else None,
+            "reward_blocking_s_sync": statistics.median(blocking["sync"]),
+            "reward_blocking_s_overlap": statistics.median(blocking["overlap"]),
             "iterations": args.iterations, "times_sync": times["sync"], "times_overlap": times["overlap"],
             "rewards_equal": rewards["sync"] == rewards["overlap"], "weights_equal": same,
             "torch_threads": torch.get_num_threads()}
@@ -118,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = r["best_possible_hidden_fraction"]
     print(f"reward time hidden behind the rollout: {r['reward_time_hidden_fraction']:.0%}"
           + (f" (at best {best:.0%} with {r['chunks']} chunks)" if best is not None else ""))
+    print(f"trainer held up by the reward (time/reward_blocking_s): synchronous {r['reward_blocking_s_sync']:.3f} s, "
+          f"overlapped {r['reward_blocking_s_overlap']:.3f} s")
     print(f"same rewards: {r['rewards_equal']}; same weights bit for bit: {r['weights_equal']}")
     if args.json:
         args.json.write_text(json.dumps(r, indent=2))

@@ -4,6 +4,7 @@ which scores a rollout chunk by chunk, in the trainer's thread or (reward.overla
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -88,6 +89,9 @@ class RolloutScorer:
     def __init__(self, rewards: Mapping[str, Any], metadata: Any = None, *, overlap: bool = False) -> None:
         self.rewards, self.metadata, self.overlap = rewards, metadata, overlap
         self._pool: ThreadPoolExecutor | None = None
+        # seconds the last round held the trainer up: all of the scoring when synchronous, only the wait for
+        # what the rollout did not hide when overlapped (the trainer logs it as time/reward_blocking_s)
+        self.last_blocking_s = 0.0
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:  # one worker: the rewards see the chunks in order, never two at once
@@ -118,13 +122,16 @@ class ScoringRound:
     def __init__(self, scorer: RolloutScorer) -> None:
         self.scorer = scorer
         self.futures: list[Future] = []
+        self.blocking_s = 0.0
 
     def submit(self, prompts: Sequence[str], images: torch.Tensor) -> None:
         scorer = self.scorer
         if not scorer.overlap:
+            t0 = time.perf_counter()
             fut: Future = Future()
             fut.set_result(scorer.score_chunk(prompts, images))
             self.futures.append(fut)
+            self.blocking_s += time.perf_counter() - t0
             return
         for earlier in self.futures:  # a reward that already failed stops the rollout now, not at its end
             if earlier.done() and earlier.exception() is not None:
@@ -136,11 +143,15 @@ class ScoringRound:
 
     def result(self, device: Any) -> dict[str, torch.Tensor]:
         """name -> (N,) float32 scores of every submitted chunk, in order, on `device`."""
+        t0 = time.perf_counter()
         try:
             parts = [f.result() for f in self.futures]
         except BaseException:
             self.cancel()
             raise
+        if self.scorer.overlap:
+            self.blocking_s += time.perf_counter() - t0
+        self.scorer.last_blocking_s = self.blocking_s
         names = parts[0].keys() if parts else self.scorer.rewards.keys()
         return {n: torch.cat([p[n] for p in parts]).to(device) for n in names}
 

@@ -244,7 +244,8 @@ class Trainer:
             metrics[f"reward/{name}_std"] = float(all_r.std()) if len(all_r) > 1 else 0.0
         if batch.advantages is not None:
             metrics["adv/abs_mean"] = float(batch.advantages.abs().mean())
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1})
+        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                        "time/reward_blocking_s": self.scorer.last_blocking_s})  # of rollout_s
         self.last_images = batch.images
         return metrics
 

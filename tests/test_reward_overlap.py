@@ -56,6 +56,7 @@ def test_overlapped_run_equals_the_synchronous_run_bit_for_bit(tmp_path):
     m_sync, m_over = _run(sync), _run(over)
     for a, b in zip(m_sync, m_over):
         assert a["reward/shapes-eval"] == b["reward/shapes-eval"] and a["adv/abs_mean"] == b["adv/abs_mean"]
+        assert 0 < a["time/reward_blocking_s"] < a["time/rollout_s"]
     params_sync = dict(sync.policy.model.named_parameters())
     for name, p in over.policy.model.named_parameters():
         assert torch.equal(p, params_sync[name]), name
@@ -88,7 +89,9 @@ def test_scoring_of_chunk_k_runs_while_chunk_k_plus_1_is_generated(tmp_path, mon
     over.collect(0)
     (g0, g1), (s0, s1) = spans, timeline.calls
     assert s0[1] < g1[1] and g1[0] < s0[2], "chunk 0 was not scored while chunk 1 was generated"
-    assert s1[1] >= g1[1]  # chunk 1 is scored after it exists
+    assert s0[1] >= g0[1] and s1[1] >= g1[1]  # a chunk is scored after it exists
+    # the trainer was held up for less than the scoring took (time/reward_blocking_s)
+    assert 0 < over.scorer.last_blocking_s < (s0[2] - s0[1]) + (s1[2] - s1[1])
 
 
 def _measure_rollout(trainer) -> float:
