@@ -300,7 +300,7 @@ class RewardConfig:
                               "(same scores as without; see docs/remote_rewards.md)")
     remote: dict[str, dict] = _f({}, "reward name -> where it runs instead of in the trainer: {url: http://HOST:PORT "
                                      "(mmreward serve), token_env, timeout_s, retries} or a local pool {replicas, "
-                                     "devices} (see docs/remote_rewards.md)")
+                                     "devices, engine: process|ray, num_gpus, runtime_env} (see docs/remote_rewards.md)")
 
     def __post_init__(self) -> None:
         _validate_types(self, "reward")
