@@ -13,7 +13,8 @@ measured side by side in one run (the same two ratios as benchmarks/rl_step.py):
     python benchmarks/rl_step.py --family qwen_image [...]   # the same, one family
 
 Families and their tiny pipelines (random weights, built from config by mmreward/testing/tiny_*.py):
-qwen_image (QwenImagePipeline, true CFG with the negative prompt " "), z_image (ZImagePipeline, CFG), flux2
+qwen_image (QwenImagePipeline, true CFG with the negative prompt " "), qwen_image21 (QwenImage21Pipeline, the same
+true CFG without the norm rescale, uncached; its RGBA images composited over white as the rollout decodes), z_image (ZImagePipeline, CFG), flux2
 (Flux2Pipeline, guidance embedding), flux2_klein (Flux2KleinPipeline, CFG), wan22 (WanPipeline with two experts
 switched at boundary_ratio 0.875; the pipeline runs the Euler scheduler the rollout uses), wan_i2v
 (WanImageToVideoPipeline, two experts, one first frame for every prompt).
@@ -49,12 +50,25 @@ class Family:
     frames: int | None = None  # video families
     first_frame: bool = False  # image-to-video: prompts are edit records, the pipeline takes `image`
     call_kwargs: Callable[[float, int], dict[str, Any]] = lambda g, n: {"guidance_scale": g}
+    takes_max_sequence_length: bool = True  # the pipeline's __call__ has the keyword (QwenImage21Pipeline: no)
+    # the pipeline's "pt" images as the rollout decodes them (QwenImage21Pipeline: RGBA composited over white)
+    images: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
 
 
 def _save_qwen(path: Path) -> Path:
     from mmreward.testing.tiny_qwen_image import save_tiny_qwen_image_pipeline
 
     return save_tiny_qwen_image_pipeline(path)
+
+
+def _save_qwen21(path: Path) -> Path:
+    from mmreward.testing.tiny_qwen_image21 import save_tiny_qwen_image21_pipeline
+
+    return save_tiny_qwen_image21_pipeline(path)
+
+
+def _over_white(rgba: torch.Tensor) -> torch.Tensor:
+    return rgba[:, :3] * rgba[:, 3:] + (1 - rgba[:, 3:])
 
 
 def _save_z_image(path: Path) -> Path:
@@ -85,6 +99,10 @@ FAMILIES: dict[str, Family] = {
     # QwenImagePipeline's CFG is true_cfg_scale with a negative prompt (guidance_scale is for distilled models)
     "qwen_image": Family(_save_qwen, 32, 16, 4.0,
                          call_kwargs=lambda g, n: {"true_cfg_scale": g, "negative_prompt": [" "] * n}),
+    # QwenImage21Pipeline: the same true CFG without the norm rescale, no KV cache (the rollout runs uncached)
+    "qwen_image21": Family(_save_qwen21, 32, 512, 4.0, takes_max_sequence_length=False, images=_over_white,
+                           call_kwargs=lambda g, n: {"true_cfg_scale": g, "negative_prompt": [" "] * n,
+                                                     "use_kv_cache": False}),
     "z_image": Family(_save_z_image, 32, 32, 5.0),
     "flux2": Family(_save_flux2("dev"), 32, 48, 4.0),
     "flux2_klein": Family(_save_flux2("klein"), 32, 48, 4.0),
@@ -156,14 +174,15 @@ def bench_family(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, An
                        guidance_scale=g, kernel=kernel).images
 
     video = {} if fam.frames is None else {"num_frames": fam.frames}
+    if fam.takes_max_sequence_length:
+        video["max_sequence_length"] = fam.max_sequence_length
     extra = {} if image is None else {"image": image}
 
     @torch.no_grad()
     def plain():
         out = pipe(prompt=texts, num_inference_steps=args.steps, height=fam.size, width=fam.size, output_type="pt",
-                   max_sequence_length=fam.max_sequence_length, generator=torch.Generator().manual_seed(0),
-                   **fam.call_kwargs(g, n), **video, **extra)
-        return out.frames if fam.frames is not None else out.images
+                   generator=torch.Generator().manual_seed(0), **fam.call_kwargs(g, n), **video, **extra)
+        return out.frames if fam.frames is not None else fam.images(out.images)
 
     if ours().shape != plain().shape:  # both sides must make the same media, or the ratio compares other work
         raise RuntimeError(f"{name}: rollout makes {tuple(ours().shape)}, the pipeline {tuple(plain().shape)}")

@@ -166,4 +166,5 @@ def test_rl_step_newer_families_report_both_ratios(tmp_path, capsys):
         assert r["trainer_ratio"] == pytest.approx(r["trainer_s"] / r["bare_s"], rel=1e-12)
         assert r["trained_steps"] == 1  # timestep_fraction 0.5 of 2 SDE steps
     assert "wan22" in capsys.readouterr().out
-    assert set(rl_step_families.FAMILIES) == {"qwen_image", "z_image", "flux2", "flux2_klein", "wan22", "wan_i2v"}
+    assert set(rl_step_families.FAMILIES) == {"qwen_image", "qwen_image21", "z_image", "flux2", "flux2_klein", "wan22",
+                                             "wan_i2v"}
