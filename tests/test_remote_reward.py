@@ -156,6 +156,25 @@ def test_options_for_a_served_reward_are_refused(monkeypatch):
         connect_remote_rewards(rcfg)
 
 
+def test_a_local_pool_is_refused_in_a_multi_process_run(monkeypatch):
+    from diffusion_rl.config import RewardConfig
+    from diffusion_rl.remote_rewards import connect_remote_rewards
+
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    rcfg = RewardConfig(rewards={"mock": 1.0}, remote={"mock": {"replicas": 1}})
+    with pytest.raises(ConfigError, match="one per training process.*give its url"):
+        connect_remote_rewards(rcfg)
+
+
+def test_worker_cli_exits_2_with_one_line_for_an_unknown_reward(capsys):
+    from diffusion_rl.remote_rewards import main
+
+    assert main(["worker", "--reward", "no-such-reward"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reward worker:") and "no-such-reward" in err[0]
+    assert main(["neither"]) == 2
+
+
 @pytest.mark.slow
 def test_local_pool_of_worker_processes_gives_in_process_scores():
     """The trainer-started pool: 2 replicas of shapes-eval and a mock in the first replica's process."""
