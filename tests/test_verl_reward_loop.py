@@ -162,10 +162,15 @@ def _verl_reward_step(config, tokenizer_dir, parquet_path, responses, monkeypatc
     batch = batch.repeat(repeat_times=ROLLOUT_N, interleave=True).union(gen_output)
 
     # RewardLoopManager.compute_rm_score with its ray actors replaced by workers called on their own loop
+    # built inside a coroutine, the workers' get_event_loop() is this loop, as in a ray actor's own event loop;
+    # the thread's current loop is never set, so later tests see the asyncio state they started with
     loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+
+    async def build():
+        return [rl.RewardLoopWorker(config) for _ in range(config.reward.num_workers)]
+
     try:
-        workers = [rl.RewardLoopWorker(config) for _ in range(config.reward.num_workers)]
+        workers = loop.run_until_complete(build())
 
         def handle(worker):
             run = lambda chunk: loop.run_until_complete(worker.compute_score_batch(chunk))  # noqa: E731
@@ -176,7 +181,6 @@ def _verl_reward_step(config, tokenizer_dir, parquet_path, responses, monkeypatc
         monkeypatch.setattr(rl, "ray", types.SimpleNamespace(get=lambda values: values))
         batch_reward = rl.RewardLoopManager.compute_rm_score(manager, batch)
     finally:
-        asyncio.set_event_loop(None)
         loop.close()
     batch = batch.union(batch_reward)
     reward_tensor, extra = extract_reward(batch)
