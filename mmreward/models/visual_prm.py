@@ -180,6 +180,8 @@ class VisualPRM(ResponseReward):
 
         batch = self.prepare(media, None)
         n = len(batch)
+        if n == 0:
+            raise RewardInputError("media: got an empty batch; pass at least one image")
         qs = [q or "" for q in _texts(questions, n, "questions", allow_none=True)]
         rs = _texts(responses, n, "responses", allow_none=False)
         out: list[torch.Tensor] = []
