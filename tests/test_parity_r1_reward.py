@@ -143,6 +143,10 @@ def test_r1_reward_matches_the_original_script(r1_dir, critic, tmp_path):
     paths = _image_files(tmp_path)
     texts, rewards = _original(r1_dir, paths, QUESTIONS, CHOSEN, REJECTED)
     out = critic.compare_responses(QUESTIONS, paths, CHOSEN, REJECTED)
+    from mmreward.models.r1_reward import make_prompt
+
+    assert [make_prompt(*x) for x in zip(QUESTIONS, CHOSEN, REJECTED)] == [
+        _make_conv_rm(*x) for x in zip(QUESTIONS, CHOSEN, REJECTED)]  # the prompt text, character for character
     assert out.rationales == texts  # the same prompt tokens, pixels and greedy decoding give the same critique
     expected = torch.tensor([float(r[0]) for r in rewards])
     max_abs, _ = record_parity("r1-reward", original=ORIGINAL, how="transcribed", actual=out.prob_a, expected=expected,
