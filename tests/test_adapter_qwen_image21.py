@@ -88,6 +88,12 @@ def test_bad_inputs_are_config_errors(pipe, tmp_path):
         make_adapter(pipe, 64, 64).encode([EditPrompt("make it blue", src)])
     with pytest.raises(ConfigError, match="max_sequence_length"):
         make_adapter(pipe, 64, 64, max_sequence_length=4).encode([LONG])
+    # another family's setting in the run config is an error, not silently ignored (LTX-2's guidance keys)
+    from diffusion_rl.config import ModelConfig
+    from diffusion_rl.pipelines import adapter_for_config
+
+    with pytest.raises(ConfigError, match=r"model.stg_scale is an LTX-2 \(LTX2Pipeline\) guidance setting"):
+        adapter_for_config(pipe, ModelConfig(pretrained="unused", height=64, width=64, stg_scale=1.0))
 
 
 def test_family_and_every_lora_target_names_modules_of_the_transformer(pipe):
