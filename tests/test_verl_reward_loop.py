@@ -5,7 +5,7 @@ Everything between the parquet file and the token-level reward tensor is verl's 
 `RLHFDataset` reads the rows our `to_verl_rows` writes, verl's `collate_fn` and `DataProto.from_single_dict`
 make the batch, `DataProto.repeat(interleave=True)` and `union` shape it as the trainer's fit step does,
 `RewardLoopWorker` (built from the config, loading our adapter file by path with `load_reward_manager`) runs
-the registered `naive` / `dapo` manager's `run_single` per sample, and `RewardLoopManager.compute_rm_score`
+the registered `naive` / `dapo` / `gdpo` manager's `run_single` per sample, and `RewardLoopManager.compute_rm_score`
 pads, chunks and assembles the `rm_scores` tensor. Only the rollout is ours: the responses are fixed token
 sequences laid out as verl's agent loop `_postprocess` lays them out (left-padded prompts, right-padded
 responses, attention mask over both). The ray actor boundary is replaced by direct calls on the worker's own
@@ -87,6 +87,7 @@ def _config(tokenizer_dir, manager: str, entry: str):
             "reward_model": {"enable": False, "enable_resource_pool": False},
             "reward_kwargs": {"overlong_buffer_cfg": None, "max_resp_len": None},
         },
+        "trainer": {"experiment_name": "shapes-vqa-verl"},  # the gdpo manager reads it
     })
 
 
@@ -188,7 +189,7 @@ def _verl_reward_step(config, tokenizer_dir, parquet_path, responses, monkeypatc
 
 
 @pytest.mark.parametrize("manager,entry", [("naive", "compute_score"), ("naive", "compute_score_async"),
-                                           ("dapo", "compute_score")])
+                                           ("dapo", "compute_score"), ("gdpo", "compute_score_async")])
 def test_verl_reward_loop_scores_the_world_as_shapes_vqa_does(tokenizer_dir, parquet, manager, entry, monkeypatch):
     import verl
     from PIL import Image
@@ -221,3 +222,25 @@ def test_verl_reward_loop_scores_the_world_as_shapes_vqa_does(tokenizer_dir, par
     assert set(extra) >= {"score", "correct", "format_ok", "parsed", "kind"}
     np.testing.assert_array_equal(np.asarray(extra["kind"], dtype=float),
                                   [float(vqa.KINDS.index(it.kind)) for it in items for _ in range(ROLLOUT_N)])
+
+
+def test_verl_gdpo_advantages_read_the_shapes_vqa_components(tokenizer_dir, parquet, monkeypatch):
+    """verl's own GDPO estimator (core_algos.compute_gdpo_outcome_advantage, algorithm.gdpo_reward_keys) on the
+    components our adapter stores: each group is (right answer in tags, wrong or untagged answer), so every right
+    answer gets a positive advantage and every wrong one a negative one; where both answers used the tags (the
+    caption group) only `correct` separates them, so that gap is smaller than where `format_ok` differs too."""
+    from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage
+
+    path, items = parquet
+    config = _config(tokenizer_dir, "gdpo", "compute_score_async")
+    reward_tensor, extra, batch, _, _ = _verl_reward_step(config, tokenizer_dir, path, _responses(items), monkeypatch)
+    adv, _ = compute_gdpo_outcome_advantage(
+        token_level_rewards=reward_tensor, response_mask=batch.batch["response_mask"],
+        index=batch.non_tensor_batch["uid"], config={"gdpo_reward_keys": ["correct", "format_ok"]},
+        non_tensor_batch=batch.non_tensor_batch, batch=batch.batch)
+    per_sample = adv[:, 0].reshape(len(items), ROLLOUT_N)  # outcome advantages: the same on every response token
+    assert bool((per_sample[:, 0] > 0).all()) and bool((per_sample[:, 1] < 0).all())
+    gap = per_sample[:, 0] - per_sample[:, 1]
+    both_tagged = torch.tensor([it.kind == "caption" for it in items])
+    assert both_tagged.any() and (~both_tagged).any()
+    assert float(gap[both_tagged].max()) < float(gap[~both_tagged].min())
