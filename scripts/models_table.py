@@ -55,7 +55,8 @@ NOTES = {"wan": "Wan 2.1; Wan 2.2 A14B's two experts (`transformer_2`, `boundary
          "flux2": "guidance embedding; reference images as edit records",
          "flux2_klein": "true CFG, or none when step-distilled", "z_image": "`model.cfg_normalization`, "
          "`model.cfg_truncation`", "qwen_image": "true CFG with the norm rescale",
-         "qwen_image21": "plain true CFG; one forward per prompt length; RGBA composited over white",
+         "qwen_image21": "plain true CFG; one forward per sequence layout; edit records as the condition "
+                        "image; RGBA composited over white",
          "ltx2": "joint video + audio state; LTX2Pipeline's guidance terms as `model.*` keys (`stg_scale`, "
                  "`spatio_temporal_guidance_blocks`, `modality_scale`, `guidance_rescale`, `audio_*`)"}
 

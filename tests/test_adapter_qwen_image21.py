@@ -1,6 +1,7 @@
 """Qwen-Image-2.1 (QwenImage21Adapter) beyond the conformance suite (tests/test_adapter_conformance.py): a prompt's
-prediction does not depend on the other prompts of the batch, the pipeline's configured `sample_sigmas` are the
-schedule when their length is the step count, and bad inputs are typed errors."""
+prediction does not depend on the other prompts of the batch, edit records (a condition image) sample what
+QwenImage21Pipeline(image=...) samples and train, the pipeline's configured `sample_sigmas` are the schedule when
+their length is the step count, and bad inputs are typed errors."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ SHORT, LONG = "a cat", "a red circle on the left of a blue square"
 
 
 @pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
+def folder(tmp_path_factory):
     from mmreward.testing.tiny_qwen_image21 import save_tiny_qwen_image21_pipeline
 
-    folder = save_tiny_qwen_image21_pipeline(tmp_path_factory.mktemp("qi21") / "pipe", seed=0)
+    return save_tiny_qwen_image21_pipeline(tmp_path_factory.mktemp("qi21") / "pipe", seed=0)
+
+
+@pytest.fixture(scope="module")
+def pipe(folder):
     return load_pipeline(str(folder))
 
 
@@ -84,8 +89,8 @@ def test_bad_inputs_are_config_errors(pipe, tmp_path):
         make_adapter(pipe, 48, 64)
     src = tmp_path / "src.png"
     Image.new("RGB", (32, 32)).save(src)
-    with pytest.raises(ConfigError, match="source image"):
-        make_adapter(pipe, 64, 64).encode([EditPrompt("make it blue", src)])
+    with pytest.raises(ConfigError, match="mixes edit records"):
+        make_adapter(pipe, 64, 64).encode([EditPrompt("make it blue", src), "a cat"])
     with pytest.raises(ConfigError, match="max_sequence_length"):
         make_adapter(pipe, 64, 64, max_sequence_length=4).encode([LONG])
     # another family's setting in the run config is an error, not silently ignored (LTX-2's guidance keys)
@@ -110,3 +115,70 @@ def test_family_and_every_lora_target_names_modules_of_the_transformer(pipe):
     for target in QWEN_IMAGE21_LORA_TARGETS + QWEN_IMAGE21_MLP_LORA_TARGETS:  # a suffix matching nothing trains less
         assert any(n.endswith("." + target) and n.startswith("transformer_blocks.") for n in names), target
     assert make_adapter(pipe, 64, 64).latent_shape() == (16, pipe.transformer.config.in_channels)  # 64 px / 16
+
+
+@pytest.fixture(scope="module")
+def edits(tmp_path_factory):
+    from PIL import Image
+
+    from mmreward.edit import EditPrompt
+
+    root = tmp_path_factory.mktemp("qi21_sources")
+    rng = np.random.default_rng(0)
+    out = []
+    for i, text in enumerate(["make the circle blue", "add a cat"]):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(root / f"src{i}.png")
+        out.append(EditPrompt(text, root / f"src{i}.png"))
+    return out
+
+
+@pytest.mark.parity
+@torch.no_grad()
+def test_edit_records_sample_what_the_pipeline_samples_with_image(pipe, edits):
+    """Edit records: the source is the pipeline's condition image (at the output size, the size
+    `output_resolution` gives a source of that shape). The ODE rollout's final latents equal
+    QwenImage21Pipeline(prompt, image=source, output_resolution=64, use_kv_cache=False) called per prompt from the
+    same noise (rel 1e-5; the pipeline takes one image set per call), with true CFG, whose negative prompt " " is
+    encoded with the same image; the condition changes the samples."""
+    from PIL import Image
+
+    from diffusion_rl.kernels import Kernel
+    from diffusion_rl.rollout import rollout
+
+    adapter = make_adapter(pipe, 64, 64)
+    traj = rollout(adapter, adapter.encode(edits), [0, 1], [0, 0], num_steps=2, guidance_scale=2.5,
+                   kernel=Kernel("ode", 0.0))
+    x0 = traj.latents[:, 0]
+    ref = torch.cat([pipe(prompt=str(p), image=Image.open(p.source).convert("RGB"), latents=x0[i:i + 1].clone(),
+                          height=64, width=64, output_resolution=64, num_inference_steps=2, negative_prompt=" ",
+                          true_cfg_scale=2.5, use_kv_cache=False, output_type="latent").images
+                     for i, p in enumerate(edits)])
+    assert_close_scaled(traj.latents[:, -1], ref, rel=1e-5)
+    text_only = rollout(adapter, adapter.encode([str(p) for p in edits]), [0, 1], [0, 0], num_steps=2,
+                        guidance_scale=2.5, kernel=Kernel("ode", 0.0), decode=False)
+    assert float((text_only.latents[:, -1] - ref).abs().max()) > 1e-2 * float(ref.abs().max())
+
+
+def test_one_grpo_iteration_on_edit_records_reproduces_the_rollout_log_probs(folder, edits, tmp_path):
+    """The training path recomputes the rollout's log-probs on edit rows (probe < 1e-5) and moves the LoRA."""
+    import json
+
+    from diffusion_rl.config import from_dict
+    from diffusion_rl.trainer import Trainer
+
+    rows = tmp_path / "edits.jsonl"
+    rows.write_text("".join(json.dumps({"source_image": str(p.source), "instruction": str(p)}) + "\n" for p in edits))
+    cfg = from_dict({
+        "model": {"pretrained": str(folder), "height": 64, "width": 64, "lora_rank": 4, "lora_alpha": 4},
+        "sample": {"num_steps": 2, "guidance_scale": 2.5, "kernel": "flow_sde", "noise_level": 0.7,
+                   "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
+        "train": {"algorithm": "grpo", "iterations": 1, "learning_rate": 1e-2, "probe": "error",
+                  "timestep_fraction": 1.0},
+        "advantage": {"min_count": 2}, "reward": {"rewards": {"mock": 1.0}}, "prompts": {"train": str(rows)},
+        "log": {"output_dir": str(tmp_path / "run"), "eval_every": 0, "grid_every": 0, "progress": False},
+    })
+    trainer = Trainer(cfg)
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))

@@ -1,4 +1,4 @@
-"""Qwen-Image-2.1 text-to-image: diffusers' `QwenImage21Pipeline` (Qwen/Qwen-Image-2.1).
+"""Qwen-Image-2.1 text-to-image and edits: diffusers' `QwenImage21Pipeline` (Qwen/Qwen-Image-2.1).
 
 What it shares with Qwen-Image (`QwenImageAdapter`, subclassed here): the flow-matching schedule (sigmas
 linspace(1, 1/N, N), dynamic shift mu = calculate_shift(image tokens) with the scheduler's base/max settings),
@@ -28,8 +28,17 @@ negative prompt " " for true CFG, the VAE's per-channel mean/std un-normalisatio
   page, and what the pipeline's own vision encoder does with RGBA inputs); `decode_rgba` keeps the alpha.
 
 The ODE rollout is then `QwenImage21Pipeline(prompt, negative_prompt=" ", true_cfg_scale=g, height, width,
-sigmas=..., latents=x_T, use_kv_cache=False)` per prompt. Edits (the pipeline's `image=` condition images) are
-not covered by this adapter: text prompts only.
+sigmas=..., latents=x_T, use_kv_cache=False)` per prompt.
+
+Edits: prompts given as edit records (`mmreward.edit.EditPrompt`) get their source as the pipeline's condition
+image, prepared as `__call__` prepares one at an input size of the output's height x width (the size
+`output_resolution` gives a source of the output's shape; other sources are resized to it, so every row of a
+batch has one condition grid): RGBA, resized for the Qwen3-VL (which reads it in the ti2i template, flattened on
+white by `encode_prompt`), VAE-encoded to tokens placed before the noisy ones (`img_shapes` lists both grids,
+`img_mask` marks the VLM's image slots). CFG's negative prompt " " is encoded with the same image, per row. The ODE
+rollout then equals `QwenImage21Pipeline(prompt, image=source, output_resolution=H, height=H, width=W, ...)` for
+an H x W source. All prompts of a batch are edit records or none (a mixed batch is a ConfigError); one condition
+image per prompt (the pipeline takes up to 10).
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ QWEN_IMAGE21_MLP_LORA_TARGETS = ["img_mlp.proj", "img_mlp.gate_layer", "img_mlp.
 
 
 class QwenImage21Adapter(QwenImageAdapter):
-    """diffusers' QwenImage21Pipeline: Qwen-Image-2.1 text-to-image (see the module docstring)."""
+    """diffusers' QwenImage21Pipeline: Qwen-Image-2.1 text-to-image, and edits from edit records (see the module
+    docstring)."""
 
     family = "qwen_image21"
     block_classes = ("QwenImage21TransformerBlock",)
@@ -82,15 +92,45 @@ class QwenImage21Adapter(QwenImageAdapter):
     def encode(self, prompts: Sequence[str]) -> PromptEmbeds:
         from mmreward.edit import EditPrompt
 
+        prompts = prompt_list(prompts)
+        edits = [isinstance(p, EditPrompt) for p in prompts]
+        if any(edits) and not all(edits):
+            raise ConfigError(f"{type(self.pipeline).__name__}: a batch mixes edit records (with a source image) and "
+                              "plain prompts; give all prompts of a run as edit records or none")
         rows = []
-        for p in prompt_list(prompts):
-            if isinstance(p, EditPrompt):
-                raise ConfigError(f"prompt {str(p)!r} comes with a source image, but the qwen_image21 adapter makes "
-                                  "images from text (the pipeline's image= edits are not covered); give text prompts")
-            pe, mask, _ = self.pipeline.encode_prompt(prompt=[str(p)], device=self.device)
-            pe, mask = self._pad(pe, mask)
-            rows.append(PromptEmbeds({"prompt_embeds": pe, "prompt_embeds_mask": mask}))
+        for p in prompts:
+            if not isinstance(p, EditPrompt):
+                rows.append(self._encode_text(str(p)))
+                continue
+            image, latents = self._condition(p.source)
+            row = self._encode_text(str(p), image)
+            neg = self._encode_text(QWEN_IMAGE_NEGATIVE_PROMPT, image)
+            rows.append(PromptEmbeds({**row.tensors, "image_latents": latents,
+                                      **{"negative_" + k: v for k, v in neg.tensors.items()}}))
         return PromptEmbeds.cat(rows)
+
+    def _encode_text(self, text: str, image=None) -> PromptEmbeds:
+        """One prompt (with its condition image) as the pipeline encodes it, padded to max_sequence_length."""
+        pe, mask, pad_mask = self.pipeline.encode_prompt(prompt=[text], image=None if image is None else [image],
+                                                         device=self.device)
+        pe, mask = self._pad(pe, mask)
+        pad_mask = torch.cat([pad_mask, pad_mask.new_zeros(1, mask.shape[1] - pad_mask.shape[1])], dim=1)
+        return PromptEmbeds({"prompt_embeds": pe, "prompt_embeds_mask": mask, "image_pad_mask": pad_mask})
+
+    def _condition(self, source):
+        """The source as QwenImage21Pipeline.__call__ prepares a condition image at an input size of the output's
+        height x width (what `output_resolution` gives a source of that shape): RGBA, resized for the Qwen3-VL,
+        VAE-encoded (mode, the VAE's mean/std) and flattened into tokens for the transformer."""
+        from PIL import Image
+
+        pipe = self.pipeline
+        with Image.open(source) as img:
+            img = img.convert("RGBA")
+        prompt_image = pipe.image_processor.resize(img, width=self.width, height=self.height)
+        pixels = pipe.image_processor.preprocess(img, width=self.width, height=self.height).unsqueeze(2)
+        latents = pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), generator=None)
+        b, c, _, h, w = latents.shape
+        return prompt_image, pipe._pack_latents(latents, b, c, h, w)
 
     def negative(self) -> PromptEmbeds:
         if self._negative is None:
@@ -98,21 +138,39 @@ class QwenImage21Adapter(QwenImageAdapter):
         return self._negative
 
     # -- denoiser -----------------------------------------------------------------------------
-    predict = PipelineAdapter.predict  # plain true CFG (no norm rescale), one batched forward for cond + uncond
+    def predict(self, model, x, t, embeds, guidance_scale):
+        """Plain true CFG (no norm rescale) in one batched forward; edit rows carry their own negative prompt,
+        encoded with their condition image as the pipeline encodes it."""
+        tensors = embeds.tensors
+        if not self.uses_cfg(guidance_scale) or "negative_prompt_embeds" not in tensors:
+            return PipelineAdapter.predict(self, model, x, t, embeds, guidance_scale)
+        x = x.to(self.model_dtype)
+        neg = PromptEmbeds({**tensors, **{k: tensors["negative_" + k]
+                                          for k in ("prompt_embeds", "prompt_embeds_mask", "image_pad_mask")}})
+        both = PromptEmbeds.cat([neg, embeds])
+        uncond, cond = self._forward(model, torch.cat([x, x]), torch.cat([t, t]), both, guidance_scale).float().chunk(2)
+        return uncond + guidance_scale * (cond - uncond)
 
     def _forward(self, model, x, t, embeds, guidance_scale):
         h, w = self._latent_hw()
         tensors = embeds.tensors
         lengths = tensors["prompt_embeds_mask"].bool().sum(dim=1)
+        pad_mask = tensors["image_pad_mask"].bool()
+        condition = tensors.get("image_latents")
+        # one call per sequence layout: prompt length and where the condition image's slots are
+        layouts, which = torch.unique(torch.cat([lengths[:, None], pad_mask.long()], dim=1), dim=0, return_inverse=True)
         outs, order = [], []
-        for length in lengths.unique().tolist():  # one call per prompt length (see the module docstring)
-            rows = (lengths == length).nonzero().squeeze(1)
-            n, length = int(rows.numel()), max(1, int(length))
-            img_mask = torch.cat([torch.zeros(n, length, dtype=torch.bool, device=x.device),
+        for k in range(layouts.shape[0]):
+            rows = (which == k).nonzero().squeeze(1)
+            n, length = int(rows.numel()), max(1, int(lengths[rows[0]]))
+            img_mask = torch.cat([pad_mask[rows, :length],
                                   torch.ones(n, h * w // 4, dtype=torch.bool, device=x.device)], dim=1)
-            out = model(hidden_states=x[rows], timestep=t[rows].to(x.dtype) / 1000,
+            hidden, shapes = x[rows], [(1, h, w)]
+            if condition is not None:  # the condition image's tokens first, at the output's grid
+                hidden, shapes = torch.cat([condition[rows].to(x.dtype), hidden], dim=1), [(1, h, w), (1, h, w)]
+            out = model(hidden_states=hidden, timestep=t[rows].to(x.dtype) / 1000,
                         encoder_hidden_states=tensors["prompt_embeds"][rows, :length].to(x.dtype),
-                        encoder_hidden_states_mask=None, img_shapes=[[(1, h, w)]] * n, img_mask=img_mask,
+                        encoder_hidden_states_mask=None, img_shapes=[shapes] * n, img_mask=img_mask,
                         return_dict=False)[0]
             outs.append(out[:, -x.shape[1]:])
             order.append(rows)
