@@ -400,6 +400,9 @@ def _worker_main(argv: Sequence[str]) -> int:
     if token is None:
         print("reward worker: serving without a token (MMREWARD_TOKEN is not set)", file=sys.stderr)
     print(f"{READY} {worker.url}", flush=True)
+    # nobody reads our stdout after this line: whatever a reward prints goes to stderr, so that a full pipe
+    # can never block the worker
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         worker.server.serve_forever()
     except KeyboardInterrupt:

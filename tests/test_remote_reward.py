@@ -259,3 +259,20 @@ def test_run_with_reward_on_mmreward_serve_equals_the_in_process_run(tmp_path, m
     assert [m["reward/shapes-eval"] for m in m_local] == [m["reward/shapes-eval"] for m in m_remote]
     for n in p_local:
         assert torch.equal(p_local[n], p_remote[n]), n
+
+
+@pytest.mark.slow
+def test_serve_load_benchmark_rows(tmp_path):
+    """benchmarks/serve_load.py at a tiny size: one in-process row and one per replica count, exact scores."""
+    pytest.importorskip("ray.serve")
+    from benchmarks import serve_load
+
+    out = tmp_path / "load.json"
+    assert serve_load.main(["--reward", "mock", "--clients", "2", "--requests", "3", "--items", "2", "--size", "16",
+                            "--replicas", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["in-process", "served, 1 replica(s)"]
+    for r in rows:
+        assert r["requests"] == 6 and r["requests_per_s"] == pytest.approx(6 / r["wall_s"], rel=1e-12)
+        assert 0 < r["p50_ms"] <= r["p99_ms"]
+    assert rows[1]["exact"] == 6 and rows[1]["max_abs_diff"] == 0

@@ -118,3 +118,20 @@ def test_a_failing_reward_fails_the_iteration_with_its_own_error(tmp_path):
     over.rewards.train["shapes-eval"] = over.rewards.eval["shapes-eval"]
     batch, _ = over.collect(0)
     assert batch.rewards["shapes-eval"].shape == (4,)
+
+
+@pytest.mark.slow
+def test_reward_overlap_benchmark_reports_a_consistent_ratio(tmp_path):
+    import json
+
+    from benchmarks import reward_overlap
+
+    out = tmp_path / "r.json"
+    assert reward_overlap.main(["--iterations", "1", "--chunks", "2", "--chunk-size", "2", "--group-size", "2",
+                                "--num-steps", "2", "--sleep-s", "0.3", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["weights_equal"] and r["rewards_equal"]
+    assert r["ratio_overlap_over_sync"] == pytest.approx(r["iteration_s_overlap"] / r["iteration_s_sync"], rel=1e-12)
+    # the synchronous trainer waits for both chunks' sleeps, the overlapped one for less
+    assert r["reward_blocking_s_sync"] >= 2 * 0.3
+    assert r["reward_blocking_s_overlap"] < r["reward_blocking_s_sync"]
