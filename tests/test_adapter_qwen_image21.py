@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from parity_record import record_parity
 from tolerances import assert_close_scaled
 
 from diffusion_rl.pipelines import load_pipeline, make_adapter
@@ -153,6 +154,10 @@ def test_edit_records_sample_what_the_pipeline_samples_with_image(pipe, edits):
                           height=64, width=64, output_resolution=64, num_inference_steps=2, negative_prompt=" ",
                           true_cfg_scale=2.5, use_kv_cache=False, output_type="latent").images
                      for i, p in enumerate(edits)])
+    record_parity("qwen_image21", original="diffusers==0.42.1 QwenImage21Pipeline.__call__ (image=, edits)",
+                  how="package", actual=traj.latents[:, -1], expected=ref,
+                  cases=["64x64 source and output, 2 steps, true CFG 2.5, use_kv_cache=False"],
+                  not_checked="several condition images per prompt; sources of another shape than the output")
     assert_close_scaled(traj.latents[:, -1], ref, rel=1e-5)
     text_only = rollout(adapter, adapter.encode([str(p) for p in edits]), [0, 1], [0, 0], num_steps=2,
                         guidance_scale=2.5, kernel=Kernel("ode", 0.0), decode=False)
