@@ -331,7 +331,7 @@ def test_one_offline_dpo_iteration_trains_tiny_flux_and_refuses_a_video_pipeline
     metrics = trainer.train_iteration(0)
     assert metrics["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5) and metrics["train/grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
-    assert trainer.last_images.shape == (2, 3, 16, 16)  # the chosen images of the iteration's pairs
+    assert trainer.last_images.shape == (2, 3, 16, 16)  # the chosen images of the iteration's first micro-batch
     cfg = from_dict(_offline_dict("wan", tmp_path, tiny_pipeline_dir, pairs))
     cfg.model.height = cfg.model.width = 32
     cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16

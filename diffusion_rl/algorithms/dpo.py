@@ -34,7 +34,7 @@ parquet, a datasets folder or hf:org/name; Pick-a-Pic's caption/jpg_0/jpg_1/labe
 train.py drops them. Each iteration reads `sample.prompts_per_iteration` pairs from a per-epoch shuffle of the
 dataset (counter-based: a resumed run reads the same rows), resizes and centre-crops each image to the model's
 size, encodes it with the pipeline's VAE (posterior mode, shifted and scaled as the pipeline decodes: SD3 and
-FLUX) and trains `train_dpo_pairs`, the same loss and steps as online. Simplifications: no random flips or
+FLUX), one micro-batch at a time as `train_dpo_pairs` (the same loss and steps as online) reaches it. Simplifications: no random flips or
 crops, the VAE's mode rather than a posterior sample, SD3/FLUX pipelines only (the others' latent normalisations
 are not inverted here), images not cached between iterations.
 """
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,32 +187,35 @@ class RankedSamplesMethod:
                                sample_ids)
 
 
-def train_dpo_pairs(cfg: RunConfig, it: int, policy: Policy, adapter: PipelineAdapter, x0_w: torch.Tensor,
-                    x0_l: torch.Tensor, pair_embeds: PromptEmbeds, draw_slots: torch.Tensor, valid: torch.Tensor
-                    ) -> dict[str, float]:
+PairLoader = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, PromptEmbeds]]
+
+
+def train_dpo_pairs(cfg: RunConfig, it: int, policy: Policy, adapter: PipelineAdapter, num_pairs: int,
+                    load: PairLoader, draw_slots: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
     """`train.num_minibatches` optimizer steps of the Diffusion-DPO loss on this process's pairs, online or offline.
 
-    Pair p is the winner latent x0_w[p] and loser x0_l[p] (clean, model latent space) of the prompt whose
-    embeddings are pair_embeds[p]; both are noised at one schedule step with one noise, drawn counter-based from
-    (seed, it, draw_slots[p]); `valid` (P,) weights each pair's loss (0: a tie, no preference)."""
+    `load(rows)` gives pairs `rows`' winner and loser latents (clean, model latent space) and their prompt's
+    embeddings, one micro-batch at a time (offline, the images are read and encoded only then); both images of pair
+    p are noised at one schedule step with one noise, drawn counter-based from (seed, it, draw_slots[p]); `valid`
+    (P,) weights each pair's loss (0: a tie, no preference)."""
     acc, tc = policy.accelerator, cfg.train
     gs = cfg.sample.guidance_scale
     stats: dict[str, list[float]] = {"loss": [], "implicit_acc": [], "model_diff": [], "ref_diff": []}
     grad_norms = []
     model = policy.model
-    for mb in torch.tensor_split(torch.arange(len(x0_w)), tc.num_minibatches):
+    for mb in torch.tensor_split(torch.arange(num_pairs), tc.num_minibatches):
         chunks = [c for c in torch.split(mb, tc.micro_batch_size) if len(c)]
         model.train()
         for c_i, chunk in enumerate(chunks):
+            x0_w, x0_l, emb_w = load(chunk)
             draws = [forward_draw(adapter, cfg.sample.num_steps, tc.seed, it, int(draw_slots[r]), 0, acc.device)
                      for r in chunk.tolist()]  # one (t, eps) per pair, shared by its two images
             sigma = torch.stack([d[0] for d in draws]).repeat(2)
             t = torch.stack([d[1] for d in draws]).repeat(2)
             eps = torch.stack([d[2] for d in draws]).repeat(2, *([1] * (x0_w.dim() - 1)))
-            x0 = torch.cat([x0_w[chunk], x0_l[chunk]]).to(acc.device)  # winners first, then their losers
+            x0 = torch.cat([x0_w, x0_l]).to(acc.device)  # winners first, then their losers
             view = (-1,) + (1,) * (x0.dim() - 1)
             x_t = (1.0 - sigma.view(view)) * x0 + sigma.view(view) * eps
-            emb_w = pair_embeds.index(chunk)
             emb = PromptEmbeds.cat([emb_w, emb_w])
             ref_err = flow_matching_error(reference_velocity(policy, adapter, x_t, t, emb, gs), x0, eps)
             with contextlib.nullcontext() if c_i == len(chunks) - 1 else acc.no_sync(model):
@@ -249,7 +253,8 @@ class DiffusionDPO(RankedSamplesMethod):
                                                    needs_reference=True)
         win, lose, valid = best_worst_pairs(adv, slots.cpu())
         t1 = time.perf_counter()
-        metrics.update(train_dpo_pairs(self.cfg, it, policy, adapter, x0_all[win], x0_all[lose], embeds.index(win),
+        metrics.update(train_dpo_pairs(self.cfg, it, policy, adapter, len(win),
+                                       lambda c: (x0_all[win[c]], x0_all[lose[c]], embeds.index(win[c])),
                                        slots[win], valid))
         acc = policy.accelerator  # pairs with a preference, over all processes
         metrics["dpo/pairs"] = float(acc.gather(valid.sum().view(1).to(acc.device)).sum())
@@ -348,23 +353,30 @@ class OfflineDiffusionDPO:
     def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
                   embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
                   ) -> tuple[dict[str, float], torch.Tensor]:
-        """This process's share of the iteration's pairs: read, encode, then the DPO steps. The trainer's prompts
-        are not used: the dataset brings its own."""
+        """This process's share of the iteration's pairs, read and encoded one micro-batch at a time as the DPO
+        steps reach them. The trainer's prompts are not used: the dataset brings its own."""
         del kernel, prompts, embeds, slots, sample_ids
         check_flow_lora(self.name, adapter, policy, needs_reference=True)
         t0 = time.perf_counter()
         acc, n = policy.accelerator, self.cfg.sample.prompts_per_iteration
         rows = pair_indices(len(self.prompts), n, self.cfg.train.seed, it)
         local = torch.arange(acc.process_index, n, acc.num_processes)  # this process's pair slots
-        mine = rows[local].tolist()
-        chosen = self._pixels([self.chosen[i] for i in mine], adapter.height, adapter.width)
-        rejected = self._pixels([self.rejected[i] for i in mine], adapter.height, adapter.width)
-        with acc.autocast():
-            x0_w, x0_l = encode_images(adapter, chosen), encode_images(adapter, rejected)
-        pair_embeds = PromptEmbeds.cat([adapter.encode([self.prompts[i]]) for i in mine])  # one by one: batch-independent
-        t1 = time.perf_counter()
-        metrics = train_dpo_pairs(self.cfg, it, policy, adapter, x0_w, x0_l, pair_embeds, local, torch.ones(len(mine)))
+        mine = rows[local]
+        shown: list[torch.Tensor] = []  # the first micro-batch's chosen images, for the run's grids
+
+        def load(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, PromptEmbeds]:
+            ids = mine[chunk].tolist()
+            chosen = self._pixels([self.chosen[i] for i in ids], adapter.height, adapter.width)
+            rejected = self._pixels([self.rejected[i] for i in ids], adapter.height, adapter.width)
+            if not shown:  # (not every image of an iteration: 2048 pairs of pixels would not fit in memory)
+                shown.append(chosen)
+            with acc.autocast():
+                x0_w, x0_l = encode_images(adapter, chosen), encode_images(adapter, rejected)
+            # one prompt at a time, as the trainer encodes: an embedding does not depend on its batch
+            return x0_w, x0_l, PromptEmbeds.cat([adapter.encode([self.prompts[i]]) for i in ids])
+
+        metrics = train_dpo_pairs(self.cfg, it, policy, adapter, len(mine), load, local, torch.ones(len(mine)))
         metrics.update({"dpo/pairs": float(n), "dpo/dataset_pairs": float(len(self.prompts)),
                         "dpo/epoch": float((it + 1) * n / len(self.prompts)),
-                        "time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, chosen
+                        "time/update_s": time.perf_counter() - t0})  # reading and encoding included
+        return metrics, torch.cat(shown)
