@@ -29,13 +29,25 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+_IGNORED_EVERYWHERE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__")
+# at the top of the checkout, what a build never reads: hidden folders (.git, .venv, .mypy_cache: hundreds of MB
+# that made the copy most of this fixture's time) and the git-ignored run / docs-site outputs
+_IGNORED_AT_TOP = {"runs", "outputs", "wandb", "site"}
+
+
+def _copy_ignore(folder: str, names: list[str]) -> set[str]:
+    skip = set(_IGNORED_EVERYWHERE(folder, names))
+    if Path(folder) == REPO:
+        skip |= {n for n in names if n.startswith(".") or n in _IGNORED_AT_TOP}
+    return skip
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # a copy, so that the build leaves no build/ or egg-info in the checkout (and reuses no stale build/lib)
     src = out / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".ruff_cache", ".pytest_cache", "runs"))
+    shutil.copytree(REPO, src, ignore=_copy_ignore)
     # --no-build-isolation: offline, with the setuptools/wheel of this environment
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
@@ -79,16 +91,19 @@ def test_installed_wheel_scores_shapesworld_outside_the_checkout(wheel, tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     image = target / "mmreward" / "_assets" / "samples" / "red_circle.png"
-    env = _env(PYTHONPATH=str(target))
-    where = subprocess.run([sys.executable, "-c", "import mmreward; print(mmreward.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=work, timeout=120)
-    assert Path(where.stdout.strip()).resolve().is_relative_to(target.resolve()), where.stdout + where.stderr
+    # one interpreter (torch is imported once): say where mmreward came from, then run `python -m mmreward score`
+    # in it (runpy, as -m does)
     proc = subprocess.run(
-        [sys.executable, "-m", "mmreward", "score", "--reward", "shapesworld-pref", "--device", "cpu",
-         "--prompt", "a red circle", "--no-progress", str(image)],
-        capture_output=True, text=True, env=env, cwd=work, timeout=300,
+        [sys.executable, "-c",
+         "import runpy, sys, mmreward\nprint('FROM', mmreward.__file__)\nsys.argv[0] = 'mmreward'\n"
+         "runpy.run_module('mmreward', run_name='__main__', alter_sys=True)\n",
+         "score", "--reward", "shapesworld-pref", "--device", "cpu", "--prompt", "a red circle", "--no-progress",
+         str(image)],
+        capture_output=True, text=True, env=_env(PYTHONPATH=str(target)), cwd=work, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (where,) = [line[len("FROM "):] for line in proc.stdout.splitlines() if line.startswith("FROM ")]
+    assert Path(where).resolve().is_relative_to(target.resolve()), proc.stdout
     (row,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert row["error"] is None and math.isfinite(row["score"])
     # the same image through the checkout's own copy of the assets gives the same score
@@ -103,49 +118,75 @@ def _blocked(code: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedPro
                           env=_env(PYTHONPATH=str(REPO)), cwd=cwd, timeout=300)
 
 
+# One interpreter runs every step of the reward-only check (torch is imported once, not six times): each step's
+# exit code, stdout and stderr are captured on its own and printed as one JSON line. Warnings are shown every time
+# ("always"), so a warning a step prints reaches its captured stderr even when an earlier step printed it first.
+_STEPS = """
+import contextlib, io, json, runpy, warnings
+warnings.simplefilter("always")
+
+def step(fn):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = fn()
+        except SystemExit as exc:
+            rc = 0 if exc.code is None else exc.code
+    return {"rc": rc, "out": out.getvalue(), "err": err.getvalue()}
+
+def score():
+    sys.argv = ["mmreward", "score", "--reward", "jpeg-compressibility", "--no-progress", IMAGE]
+    runpy.run_module("mmreward", run_name="__main__")
+
+def missing_extras():
+    from mmreward.errors import MissingExtraError
+    from diffusion_rl.inference.noise_to_image import NoiseToImage
+    for mod in ("diffusion_rl.rollout", "diffusion_rl.trainer"):
+        try:
+            __import__(mod)
+        except MissingExtraError as exc:
+            print(mod, "->", exc)
+    try:
+        NoiseToImage.from_pretrained("some/pipeline")
+    except MissingExtraError as exc:
+        print("from_pretrained ->", exc)
+
+import mmreward, mmreward.cli, vlm_rm.adapters.verl, vlm_rm.adapters.trl, vlm_rm.adapters.easyr1
+import diffusion_rl.advantages, diffusion_rl.losses  # pure torch: usable without the extra
+results = {"score": step(score), "missing": step(missing_extras)}
+from diffusion_rl.cli import main
+results.update({name: step(lambda argv=argv: main(argv)) for name, argv in json.loads(CLI_CALLS).items()})
+print(json.dumps(results))
+"""
+
+
 def test_reward_only_install_scores_and_diffusion_rl_names_its_extra(tmp_path):
     """A reward-only install (no diffusers/peft/matplotlib): scoring works, diffusion_rl says what to install."""
     image = REPO / "assets" / "samples" / "red_circle.png"
-    proc = _blocked(
-        "import runpy\n"
-        "import mmreward, mmreward.cli, vlm_rm.adapters.verl, vlm_rm.adapters.trl, vlm_rm.adapters.easyr1\n"
-        "import diffusion_rl.advantages, diffusion_rl.losses\n"  # pure torch: usable without the extra
-        "sys.argv = ['mmreward', 'score', '--reward', 'jpeg-compressibility', '--no-progress', sys.argv[1]]\n"
-        "runpy.run_module('mmreward', run_name='__main__')\n",
-        str(image),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert math.isfinite(json.loads(proc.stdout.splitlines()[-1])["score"])
-    proc = _blocked(
-        "from mmreward.errors import MissingExtraError\n"
-        "from diffusion_rl.inference.noise_to_image import NoiseToImage\n"
-        "for mod in ('diffusion_rl.rollout', 'diffusion_rl.trainer'):\n"
-        "    try:\n"
-        "        __import__(mod)\n"
-        "    except MissingExtraError as exc:\n"
-        "        print(mod, '->', exc)\n"
-        "try:\n"
-        "    NoiseToImage.from_pretrained('some/pipeline')\n"
-        "except MissingExtraError as exc:\n"
-        "    print('from_pretrained ->', exc)\n"
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 3 and all("pip install 'mmreward[diffusion]'" in line for line in lines), proc.stdout
-    # the CLI: one line on stderr, exit 2 (a set-up error), no traceback; `config` needs no diffusers
-    cli = "from diffusion_rl.cli import main\nsys.exit(main(sys.argv[1:]))"
     config = str(REPO / "configs" / "shapes_grpo.yaml")
-    proc = _blocked(cli, "train", "--config", config)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.count("\n") == 1 and "mmreward[diffusion]" in proc.stderr and "Traceback" not in proc.stderr
-    assert _blocked(cli, "config", "--config", config).returncode == 0
+    calls = {"train": ["train", "--config", config], "config": ["config", "--config", config]}
     # best-of-n and reno too (issue 28 item 5), before any reward is loaded (reno loaded its reward first)
     for command in ("best-of-n", "reno"):
-        proc = _blocked(cli, command, "--pipeline", "some/pipeline", "--reward", "no-such-reward=1",
-                        "--prompt", "a cat", "--output", str(tmp_path / command))
-        assert proc.returncode == 2, (command, proc.stderr[-3000:])
-        assert proc.stderr.count("\n") == 1 and "mmreward[diffusion]" in proc.stderr, (command, proc.stderr)
-        assert "Traceback" not in proc.stderr and not (tmp_path / command).exists()
+        calls[command] = [command, "--pipeline", "some/pipeline", "--reward", "no-such-reward=1",
+                          "--prompt", "a cat", "--output", str(tmp_path / command)]
+    proc = _blocked(f"IMAGE = {str(image)!r}\nCLI_CALLS = {json.dumps(calls)!r}\n" + _STEPS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.splitlines()[-1])
+    assert res["score"]["rc"] == 0, res["score"]["err"][-3000:]
+    assert math.isfinite(json.loads(res["score"]["out"].splitlines()[-1])["score"])
+    lines = res["missing"]["out"].strip().splitlines()
+    assert res["missing"]["rc"] is None, res["missing"]
+    assert len(lines) == 3 and all("pip install 'mmreward[diffusion]'" in line for line in lines), lines
+    # the CLI: one line on stderr, exit 2 (a set-up error), no traceback; `config` needs no diffusers
+    train = res["train"]
+    assert train["rc"] == 2, train["err"][-3000:]
+    assert train["err"].count("\n") == 1 and "mmreward[diffusion]" in train["err"] and "Traceback" not in train["err"]
+    assert res["config"]["rc"] == 0, res["config"]["err"][-3000:]
+    for command in ("best-of-n", "reno"):
+        err = res[command]["err"]
+        assert res[command]["rc"] == 2, (command, err[-3000:])
+        assert err.count("\n") == 1 and "mmreward[diffusion]" in err, (command, err)
+        assert "Traceback" not in err and not (tmp_path / command).exists()
 
 
 def test_asset_lookup_env_override_and_clear_error(tmp_path, monkeypatch):
