@@ -305,7 +305,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         _validate_types(self, "reward")
         if self.remote:
-            from diffusion_rl.remote_rewards import parse_remote_specs
+            from diffusion_rl.remote_specs import parse_remote_specs
 
             parse_remote_specs(self.remote, used=set(self.rewards) | set(self.eval_rewards or []) | {self.pairwise})
         if not self.rewards:

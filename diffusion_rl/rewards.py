@@ -13,28 +13,8 @@ from typing import Any
 
 import torch
 
-from diffusion_rl.config import RewardConfig, RunConfig
-from mmreward.errors import ConfigError, UnknownOptionError
-
-
-def load_reward(name: str, cfg: RewardConfig, device: Any, attention: str = "auto") -> Any:
-    """`mmreward.load(name, **reward.options[name])`; an option the loader does not take is an error that names
-    the config key. One attention choice for the run: rewards follow `attention` (model.attention) unless
-    their options say otherwise."""
-    import mmreward
-
-    options = cfg.options.get(name, {})
-    try:
-        return mmreward.load(name, device=device, **{"attention": attention, **options})
-    except UnknownOptionError as exc:
-        # the registry names the reward and its options; the user also needs the config key to edit
-        raise UnknownOptionError(f"reward.options.{name}: {exc}") from None
-    except TypeError as exc:
-        if "keyword argument" not in str(exc):
-            raise
-        # a loader that does not take one of reward.options: a config error, not a crash
-        raise ConfigError(f"reward.options.{name} = {options}: {exc}; remove the option or check its "
-                          f"spelling in the reward's documentation") from None
+from diffusion_rl.config import RunConfig
+from diffusion_rl.reward_loading import load_reward
 
 
 @dataclass
