@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from diffusion_rl import memory
+from diffusion_rl import memory_settings
 from diffusion_rl.accelerator import name_fsdp_blocks
 from diffusion_rl.config import RunConfig
 from diffusion_rl.ema import EMA
@@ -39,7 +39,7 @@ class Policy:
         if cfg.train.kl_beta > 0 and cfg.train.kl_reference == "copy":
             self.ref_model = copy.deepcopy(model).requires_grad_(False).eval()
         # None = auto: on for video pipelines (their activations are frames x pixels), off for images
-        if memory.gradient_checkpointing(cfg.model.gradient_checkpointing, adapter):
+        if memory_settings.gradient_checkpointing(cfg.model.gradient_checkpointing, adapter):
             model.enable_gradient_checkpointing()
         if cfg.model.lora:
             from mmreward.errors import DIFFUSION_EXTRA, require

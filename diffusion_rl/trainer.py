@@ -2,7 +2,7 @@
 
 `Trainer.train_iteration` is one iteration; `Trainer.fit` runs them with evaluation, logging and checkpoints:
 
-    prompts     sharding.py       which prompt slots an iteration draws, which process owns them
+    prompts     sample_assignment.py  which prompt slots an iteration draws, which process owns them
     rollout     rollout.py        trajectories with log-probs (pipelines.py: adapters; seeding.py: noise)
     rewards     rewards.py        the run's rewards, loaded once
     advantages  algorithms/       GRPO, Pref-GRPO, DDPO: tensors in, advantages out (DRaFT: its own iteration)
@@ -10,7 +10,7 @@
     step        policy.py         LoRA/full weights, optimizer, EMA, gradient clipping
     around it   evaluation.py, reporting.py, checkpointing.py, export.py, accelerator.py, hacking_guard.py
 
-A W-process run with the same global batch equals a 1-process run (see `diffusion_rl.sharding`), and a
+A W-process run with the same global batch equals a 1-process run (see `diffusion_rl.sample_assignment`), and a
 resumed run equals an uninterrupted one bit for bit: every random draw is counter-based (`seeding.py`).
 """
 
@@ -29,11 +29,11 @@ from diffusion_rl import (
     branching,
     checkpointing,
     hacking_guard,
-    memory,
+    memory_settings,
     reporting,
     run_folder,
+    sample_assignment,
     selection,
-    sharding,
 )
 from diffusion_rl.accelerator import make_accelerator
 from diffusion_rl.algorithms import (
@@ -55,7 +55,7 @@ from diffusion_rl.kernels import Kernel
 from diffusion_rl.losses import gaussian_kl, ppo_clip_loss
 from diffusion_rl.pipelines import PromptEmbeds, adapter_for_config, check_reward_modalities, run_pipeline
 from diffusion_rl.policy import Policy
-from diffusion_rl.probe import Probe
+from diffusion_rl.ratio_probe import Probe
 from diffusion_rl.rewards import RolloutScorer, load_run_rewards
 from diffusion_rl.rollout import RolloutBatch, Trajectory, rollout, step_log_prob
 from diffusion_rl.truncation_notice import TruncationNotice
@@ -69,7 +69,7 @@ class Trainer:
         self.cfg = cfg
         self.accelerator = acc = accelerator or make_accelerator(cfg)
         # everything a user can get wrong in the config is checked before the (slow) pipeline load
-        sharding.check_divisible(cfg.sample, cfg.train, acc.num_processes)
+        sample_assignment.check_divisible(cfg.sample, cfg.train, acc.num_processes)
         self.train_prompts = cfg.prompts.load("train")
         if not self.train_prompts:
             raise ConfigError("prompts.train is empty: give a list of prompts or a text file with one per line")
@@ -128,16 +128,16 @@ class Trainer:
         """(the prompt of every slot, this process's sample prompts, their slots, their sample ids)."""
         cfg, acc = self.cfg, self.accelerator
         n = cfg.sample.prompts_per_iteration
-        slot_prompts = sharding.prompts_for_iteration(self.train_prompts, n, cfg.train.seed, it)
-        slots, sample_ids = sharding.local_samples(n, cfg.sample.group_size, acc.process_index, acc.num_processes)
+        slot_prompts = sample_assignment.prompts_for_iteration(self.train_prompts, n, cfg.train.seed, it)
+        slots, sample_ids = sample_assignment.local_samples(n, cfg.sample.group_size, acc.process_index, acc.num_processes)
         return slot_prompts, [slot_prompts[s] for s in slots.tolist()], slots, sample_ids
 
     @torch.no_grad()
-    def collect(self, it: int) -> tuple[RolloutBatch, sharding.CanonicalOrder]:
+    def collect(self, it: int) -> tuple[RolloutBatch, sample_assignment.CanonicalOrder]:
         """Sample this process's trajectories with the current policy and score them."""
         cfg, acc = self.cfg, self.accelerator
         slot_prompts, prompts, slots, sample_ids = self.local_prompts(it)
-        embeds, sde = self.embeds_for(prompts), sharding.sde_steps(cfg.sample, cfg.train.seed, it)
+        embeds, sde = self.embeds_for(prompts), sample_assignment.sde_steps(cfg.sample, cfg.train.seed, it)
         model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
         parts, scoring = [], self.scorer.begin()
         for start in range(0, len(slots), cfg.sample.batch_size):
@@ -148,12 +148,12 @@ class Trainer:
                     guidance_scale=cfg.sample.guidance_scale, kernel=self.kernel, sde_steps=sde, seed=cfg.train.seed,
                     epoch=it, share_initial_noise=cfg.sample.share_initial_noise, model=model,
                     store_means=uses_ratio_norm(cfg.train), ode_solver=cfg.sample.ode_solver, antithetic=cfg.sample.antithetic_noise,
-                    **memory.rollout_kwargs(cfg.sample, self.adapter)))
+                    **memory_settings.rollout_kwargs(cfg.sample, self.adapter)))
             scoring.submit(prompts[sl], parts[-1].images)  # scored now, or (overlap) while the next chunk rolls out
         traj = Trajectory.cat(parts)
         rewards = scoring.result(acc.device)
-        order = sharding.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
-        train_steps = sharding.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)
+        order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
+        train_steps = sample_assignment.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)
         w = branching.step_weights(cfg.sample, cfg.train.noise_aware_weight, self.adapter, self.kernel, traj.schedule)
         return RolloutBatch(traj, prompts, slots.to(acc.device), rewards, train_steps, slot_prompts, step_weights=w), order
 
@@ -184,7 +184,7 @@ class Trainer:
             emb = traj.embeds.index(chunk)
             for s in range(k):
                 steps = batch.train_steps[chunk, s]
-                x, x_next = memory.step_pair(traj.latents, chunk, steps, acc.device)  # from CPU if offloaded
+                x, x_next = memory_settings.step_pair(traj.latents, chunk, steps, acc.device)  # from CPU if offloaded
                 old = traj.log_probs[chunk, steps].to(acc.device)
                 count += 1
                 # gradients are averaged over processes once, on the last backward of the minibatch

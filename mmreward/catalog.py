@@ -129,7 +129,7 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
     ),
     RewardSpec(
         name="geneval",
-        loader="mmreward.models.compositional:load_geneval",
+        loader="mmreward.models.geneval_reward:load_geneval",
         description="GenEval-style compositional reward: objects, counts, colours and relative positions from a detector",
         default_checkpoint="google/owlv2-base-patch16-ensemble",
         requires=("transformers",),

@@ -26,7 +26,7 @@ from diffusion_rl.algorithms.raft import RAFT
 from diffusion_rl.algorithms.refl import ReFL
 from diffusion_rl.config import RunConfig
 from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sharding import CanonicalOrder
+from diffusion_rl.sample_assignment import CanonicalOrder
 
 
 class AdvantageAlgorithm(Protocol):

@@ -42,13 +42,13 @@ from collections.abc import Iterator
 
 import torch
 
-from diffusion_rl import memory
+from diffusion_rl import memory_settings
 from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import RolloutBatch, step_log_prob
-from diffusion_rl.sharding import CanonicalOrder
+from diffusion_rl.sample_assignment import CanonicalOrder
 from mmreward.errors import ConfigError
 
 
@@ -128,7 +128,7 @@ class PRDP:
             emb, cols = traj.embeds.index(chunk), []
             for s in range(k):
                 steps = batch.train_steps[chunk, s]
-                x, x_next = memory.step_pair(traj.latents, chunk, steps, acc.device)
+                x, x_next = memory_settings.step_pair(traj.latents, chunk, steps, acc.device)
                 with acc.autocast():
                     cols.append(step_log_prob(adapter, model, x, x_next, steps, traj.schedule, emb,
                                               self.cfg.sample.guidance_scale, kernel).log_prob.float())
@@ -170,7 +170,7 @@ class PRDP:
                     emb, local = traj.embeds.index(chunk), chunk - m * per
                     for s in range(k):
                         steps = batch.train_steps[chunk, s]
-                        x, x_next = memory.step_pair(traj.latents, chunk, steps, acc.device)
+                        x, x_next = memory_settings.step_pair(traj.latents, chunk, steps, acc.device)
                         count += 1
                         with contextlib.nullcontext() if count == n_backward else acc.no_sync(model):
                             with acc.autocast():
