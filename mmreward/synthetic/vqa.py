@@ -293,15 +293,31 @@ def prompt_text(item: VQAItem, answer_format: bool = True) -> str:
     return f"{item.question} {ANSWER_FORMAT}" if answer_format else item.question
 
 
-def to_trl_rows(items: Sequence[VQAItem], size: int = 64, answer_format: bool = True) -> list[dict[str, Any]]:
+def render_grouped(items: Sequence[VQAItem], size: int = 64, chunk: int = 256) -> list[list[Any]]:
+    """Every item's images as PIL images, the scenes rendered in batches of `chunk` (faster than per item)."""
+    scenes = [s for item in items for s in item.scenes]
+    pils = _pil(torch.cat([render(scenes[i:i + chunk], size=size) for i in range(0, len(scenes), chunk)]))
+    out, start = [], 0
+    for item in items:
+        out.append(pils[start:start + len(item.scenes)])
+        start += len(item.scenes)
+    return out
+
+
+def to_trl_rows(items: Sequence[VQAItem], size: int = 64, answer_format: bool = True,
+                images: Sequence[Sequence[Any]] | None = None) -> list[dict[str, Any]]:
     """Rows for trl's GRPOTrainer (conversational VLM format): one {"type": "image"} placeholder per image in
     the user turn, PIL images in "images" (trl fills the placeholders in order), and "answer", "kind",
-    "question" columns that trl passes to reward functions as keyword arguments."""
+    "question" columns that trl passes to reward functions as keyword arguments.
+
+    images: the items' PIL images when already rendered (`render_grouped(items, size)`)."""
+    if images is not None and len(images) != len(items):
+        raise RewardInputError(f"images: expected one list of images per item ({len(items)}), got {len(images)}")
+    rendered = list(images) if images is not None else render_grouped(items, size)
     rows = []
-    for item in items:
-        images = _pil(item_images(item, size))
-        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt_text(item, answer_format)}]
-        rows.append({"prompt": [{"role": "user", "content": content}], "images": images, "answer": item.answer,
+    for item, pics in zip(items, rendered):
+        content = [{"type": "image"} for _ in pics] + [{"type": "text", "text": prompt_text(item, answer_format)}]
+        rows.append({"prompt": [{"role": "user", "content": content}], "images": list(pics), "answer": item.answer,
                      "kind": item.kind, "question": item.question})
     return rows
 

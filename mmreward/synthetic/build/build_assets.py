@@ -6,6 +6,7 @@
     python -m mmreward.synthetic.build.build_assets --quick --root /tmp/sw   # a 1-minute smoke build
     python -m mmreward.synthetic.build.build_assets --only video-generator   # text-to-video model (not in "all")
     python -m mmreward.synthetic.build.build_assets --only edit-model   # FLUX Kontext edit model (not in "all")
+    python -m mmreward.synthetic.build.build_assets --only vqa-policy   # tiny Qwen2-VL VQA policy (not in "all")
 
 Order: the CLIP first (the preference model and aesthetic head start from it), then the generator
 (the long job: it checkpoints to build/shapesworld/ and resumes if interrupted), then measurement and
@@ -30,10 +31,11 @@ from mmreward.synthetic.build import (
     train_generator,
     train_preference,
     train_video_generator,
+    train_vqa_policy,
 )
 
-STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 14350, "edit-model": 2500}
-QUICK = {"clip": 3, "generator": 3, "pref": 2, "video-generator": 2, "edit-model": 2}
+STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 14350, "edit-model": 2500, "vqa-policy": train_vqa_policy.VQAPolicyTrainConfig.steps}
+QUICK = {"clip": 3, "generator": 3, "pref": 2, "video-generator": 2, "edit-model": 2, "vqa-policy": 2}
 
 
 def measure_generator(folder: Path, per_category: int) -> dict:
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", default="assets/shapesworld", help="output folder of the assets")
     parser.add_argument("--work", default="build/shapesworld", help="checkpoints of the generator run")
-    parser.add_argument("--only", choices=["clip", "generator", "pref", "clip-regions", "video-generator", "edit-model", "all"],
+    parser.add_argument("--only", choices=["clip", "generator", "pref", "clip-regions", "video-generator", "edit-model",
+                                           "vqa-policy", "all"],
                         default="all")
     parser.add_argument("--measure-only", action="store_true", help="re-measure a generator and rewrite its card")
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not quality")
@@ -118,6 +121,10 @@ def main(argv: list[str] | None = None) -> dict:
                 train_edit_model.train(ecfg)
             train_edit_model.write_prompt_sets(root / "edit-model" / "prompts")
             measure_edit_model(root / "edit-model", 4 if args.quick else 128)
+        elif name == "vqa-policy":  # the GRPO recipe's starting policy (vlm_rm.trl_shapes_vqa)
+            train_vqa_policy.train(train_vqa_policy.VQAPolicyTrainConfig(
+                out=str(root / "vqa-policy"), steps=steps["vqa-policy"], threads=args.threads,
+                **({"train_questions": 64, "eval_questions": 10} if args.quick else {})))
         else:
             pcfg = train_preference.PreferenceTrainConfig(
                 clip=str(root / "clip"), pref_out=str(root / "pref"), aesthetic_out=str(root / "aesthetic"),

@@ -1,0 +1,347 @@
+"""The tiny ShapesWorld VQA policy: a Qwen2-VL built from config, supervised briefly on the VQA world.
+
+    python -m mmreward.synthetic.build.build_assets --only vqa-policy            # assets/shapesworld/vqa-policy
+    python -m mmreward.synthetic.build.train_vqa_policy --out /tmp/vqa-policy --steps 20   # a smoke build
+
+What is built (all seeded, deterministic on one machine):
+- a Qwen2 byte-level BPE tokenizer trained on the world's questions and answers (so "circle", "yes" or
+  "3" is one token) with Qwen's special tokens and Qwen2-VL-Instruct's chat template;
+- a Qwen2-VL (`Qwen2VLForConditionalGeneration`) from config: 3 text layers of width 96, a 2-block vision
+  tower; images of 84x84 pixels are 36 patches, 9 visual tokens after the 2x2 merge;
+- a short supervised run (cross-entropy on the answer tokens and <|im_end|>) on training-split questions of
+  kinds count, color, shape, position and which, stopped early on purpose: the policy answers above chance
+  but far from perfectly, so a reinforcement-learning run has room to raise it (`vlm_rm.trl_shapes_vqa`).
+
+Everything is written with `save_pretrained`, so `Qwen2VLForConditionalGeneration.from_pretrained` and
+`AutoProcessor.from_pretrained` (or trl's GRPOTrainer given the folder) load it. The answers are bare words
+(no <answer> tag: the checker reads the whole response), which keeps completions to two tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+POLICY_KINDS: tuple[str, ...] = ("count", "color", "shape", "position", "which")
+IMAGE_SIZE = 84  # a multiple of 28: 6x6 patches of 14 pixels, 9 visual tokens per image after the 2x2 merge
+
+
+@dataclass
+class VQAPolicyTrainConfig:
+    out: str = "assets/shapesworld/vqa-policy"
+    steps: int = 75  # chosen from the curve of a longer run: ~0.43 test accuracy, room left for GRPO
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 20
+    weight_decay: float = 0.01
+    train_questions: int = 3000
+    eval_questions: int = 500
+    seed: int = 0
+    threads: int = 2
+    eval_every: int = 25
+    snapshots: str = ""  # a folder: the model at every evaluation step (the LR is constant after warmup, so the
+    # snapshot at step N equals a run with steps=N: how the shipped step count was chosen)
+    vocab_size: int = 480
+    hidden: int = 96
+    layers: int = 3
+
+
+# ----------------------------------------------------------------------------------------------
+# the architecture and tokenizer
+# ----------------------------------------------------------------------------------------------
+def _tokenizer_corpus(seed: int) -> list[str]:
+    """Questions and answers of every kind and split, plus the chat template's fixed text."""
+    from mmreward.synthetic.prompts import COLORS, SHAPES
+    from mmreward.synthetic.vqa import ANSWER_FORMAT, KINDS, make_questions
+
+    # the chat framing repeated, so "user" and "assistant" merge into single tokens (shorter sequences)
+    texts = ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"] * 50
+    texts += ["<|im_end|>\n<|im_start|>assistant\n"] * 50 + [ANSWER_FORMAT,
+             " ".join(COLORS), " ".join(SHAPES), "yes no first second 0 1 2 3 4 5"]
+    for split in ("train", "heldout"):
+        for item in make_questions(600, seed=10_000 + seed, split=split, kinds=KINDS):
+            texts += [item.question, item.answer]
+    return texts
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 480, seed: int = 0):
+    """A Qwen2 byte-level BPE tokenizer (Qwen's special tokens and chat template) trained on the world's text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    from mmreward.models._tiny_qwen_vl import QWEN2_VL_CHAT_TEMPLATE, QWEN_SPECIAL_TOKENS
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
+    state = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
+    tok = Qwen2TokenizerFast(vocab=state["vocab"], merges=merges, unk_token=None, bos_token=None,
+                             eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIAL_TOKENS[1:]})
+    tok.add_special_tokens({"pad_token": "<|endoftext|>"})
+    tok.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def policy_config(tok, hidden: int = 96, layers: int = 3):
+    """Qwen2VLConfig of the policy: text width `hidden` (4 heads of 24, mrope 4+4+4), a 2-block vision tower."""
+    from transformers import Qwen2VLConfig
+
+    ids = tok.convert_tokens_to_ids
+    head_dim = hidden // 4
+    third = head_dim // 2 // 3
+    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                rope_scaling={"type": "mrope", "mrope_section": [head_dim // 2 - 2 * third, third, third]},
+                tie_word_embeddings=True, pad_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"),
+                bos_token_id=ids("<|endoftext|>"), initializer_range=0.02)
+    vision = dict(depth=2, embed_dim=64, hidden_size=hidden, num_heads=4, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_chans=3, initializer_range=0.02)
+    return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                         video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                         vision_end_token_id=ids("<|vision_end|>"),
+                         **{k: v for k, v in text.items() if k in ("vocab_size", "hidden_size", "pad_token_id",
+                                                                    "eos_token_id", "tie_word_embeddings")})
+
+
+def build_processor(out_dir: str | Path, tok):
+    """Qwen2-VL's processor for IMAGE_SIZE-pixel images (no resize: min = max = IMAGE_SIZE**2 pixels)."""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from mmreward.models._tiny_qwen_vl import QWEN2_VL_CHAT_TEMPLATE
+
+    size = {"shortest_edge": IMAGE_SIZE * IMAGE_SIZE, "longest_edge": IMAGE_SIZE * IMAGE_SIZE}
+    kw = dict(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
+    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**kw), tokenizer=tok,
+                                 video_processor=Qwen2VLVideoProcessor(**kw), chat_template=QWEN2_VL_CHAT_TEMPLATE)
+    processor.save_pretrained(str(out_dir))
+    return processor
+
+
+# ----------------------------------------------------------------------------------------------
+# data, answers and the gold checker (shared with the TRL recipe)
+# ----------------------------------------------------------------------------------------------
+def chat_prompt(item) -> list[dict[str, Any]]:
+    """The user turn as trl's dataset holds it (`vqa.to_trl_rows(..., answer_format=False)`)."""
+    content = [{"type": "image"} for _ in item.scenes] + [{"type": "text", "text": item.question}]
+    return [{"role": "user", "content": content}]
+
+
+def render_items(items) -> tuple[list[list[Any]], torch.Tensor]:
+    """Every item's images as PIL (what the processor and trl read) and each item's first image as a
+    (N, 3, S, S) tensor in [0, 1] (the 8-bit pixels the gold checker reads)."""
+    import numpy as np
+
+    from mmreward.synthetic.vqa import render_grouped
+
+    pils = render_grouped(items, IMAGE_SIZE)
+    first = torch.from_numpy(np.stack([np.asarray(p[0]) for p in pils])).permute(0, 3, 1, 2).float() / 255
+    return pils, first
+
+
+def _prompt_texts(processor, items) -> list[str]:
+    return [processor.apply_chat_template(chat_prompt(it), add_generation_prompt=True, tokenize=False)
+            for it in items]
+
+
+def _flat_images(items, images: Sequence[list[Any]] | None) -> list[Any]:
+    images = images if images is not None else render_items(items)[0]
+    return [im for ims in images for im in ims]
+
+
+@torch.inference_mode()
+def generate_answers(model, processor, items, images: Sequence[list[Any]] | None = None, *, max_new_tokens: int = 4,
+                     do_sample: bool = False, temperature: float = 1.0, batch_size: int = 128) -> list[str]:
+    """The policy's answers to `items` (greedy unless do_sample), decoded without special tokens."""
+    tok = processor.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    out: list[str] = []
+    try:
+        for s in range(0, len(items), batch_size):
+            chunk = items[s:s + batch_size]
+            ims = _flat_images(chunk, None if images is None else images[s:s + batch_size])
+            enc = processor(text=_prompt_texts(processor, chunk), images=ims, return_tensors="pt", padding=True)
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                 temperature=temperature if do_sample else None, top_p=None, top_k=None,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        tok.padding_side = side
+    return [a.strip() for a in out]
+
+
+def gold_correct(items, answers: Sequence[str], first_images: torch.Tensor | None = None) -> torch.Tensor:
+    """1/0 per answer from the `shapes-vqa` exact checker, given the items' reference answers.
+
+    first_images: each item's first image (`render_items(items)[1]`); 'which' answers are checked against
+    the reference, the other kinds' references agree with the image (tests/test_shapes_vqa.py)."""
+    from mmreward.models.shapes_vqa import ShapesVQAReward
+
+    reward = ShapesVQAReward()
+    media = first_images if first_images is not None else render_items(items)[1]
+    return reward.score_responses([it.question for it in items], media, list(answers),
+                                  references=[it.answer for it in items]).scores
+
+
+def accuracy(correct: torch.Tensor) -> tuple[float, float]:
+    """(mean, binomial standard error)."""
+    p, n = float(correct.float().mean()), correct.numel()
+    return p, math.sqrt(max(p * (1 - p), 1e-12) / n)
+
+
+def eval_items(n: int, split: str = "heldout", seed: int = 1) -> list:
+    """The fixed evaluation questions: `n` of `split` (kinds in turn), seeded apart from the training seeds."""
+    from mmreward.synthetic.vqa import make_questions
+
+    return make_questions(n, seed=seed, split=split, kinds=POLICY_KINDS)
+
+
+# ----------------------------------------------------------------------------------------------
+# supervised training
+# ----------------------------------------------------------------------------------------------
+def _sft_batch(processor, items, images) -> dict[str, torch.Tensor]:
+    """Right-padded prompt + answer + <|im_end|>; labels only on the answer and <|im_end|>."""
+    tok = processor.tokenizer
+    tok.padding_side = "right"
+    prompts = _prompt_texts(processor, items)
+    ims = _flat_images(items, images)
+    full = processor(text=[p + it.answer + "<|im_end|>" for p, it in zip(prompts, items)], images=ims,
+                     return_tensors="pt", padding=True)
+    lengths = processor(text=prompts, images=ims, return_tensors="pt", padding=True)["attention_mask"].sum(1)
+    labels = full["input_ids"].clone()
+    pos = torch.arange(labels.shape[1])[None]
+    labels[(pos < lengths[:, None]) | (full["attention_mask"] == 0)] = -100
+    return {**full, "labels": labels}
+
+
+def train(cfg: VQAPolicyTrainConfig) -> dict:
+    """Build, train and save the policy; returns the measured metrics (also in training.json)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from mmreward.synthetic.vqa import make_questions
+
+    t0 = time.time()
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out, cfg.vocab_size, cfg.seed)
+    processor = build_processor(out, tok)
+    torch.manual_seed(cfg.seed)
+    model = Qwen2VLForConditionalGeneration(policy_config(tok, cfg.hidden, cfg.layers))
+    train_items = make_questions(cfg.train_questions, seed=cfg.seed, split="train", kinds=POLICY_KINDS)
+    train_images = render_items(train_items)[0]
+    held = eval_items(cfg.eval_questions, "heldout")
+    held_images, held_first = render_items(held)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup))
+    rng = random.Random(f"vqa-policy/{cfg.seed}")
+    order: list[int] = []
+    curve = []
+    model.train()
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            perm = list(range(len(train_items)))
+            rng.shuffle(perm)
+            order += perm
+        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+        batch = _sft_batch(processor, [train_items[i] for i in idx], [train_images[i] for i in idx])
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            model.eval()
+            acc, se = accuracy(gold_correct(held, generate_answers(model, processor, held, held_images), held_first))
+            model.train()
+            curve.append({"step": step, "loss": round(loss.item(), 4), "heldout_accuracy": round(acc, 4)})
+            if cfg.snapshots:
+                model.save_pretrained(str(Path(cfg.snapshots) / f"step{step:05d}"))
+            print(f"step {step} loss {loss.item():.4f} held-out accuracy {acc:.3f} +- {se:.3f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    model.save_pretrained(str(out))
+    metrics = measure(model, processor, cfg.eval_questions)
+    runtime = round((time.time() - t0) / 60, 1)
+    record = {"config": asdict(cfg), "runtime_minutes": runtime, "curve": curve, "metrics": metrics,
+              "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}
+    (out / "training.json").write_text(json.dumps(record, indent=1))
+    write_card(out, record)
+    return record
+
+
+def measure(model, processor, n: int) -> dict:
+    """Greedy accuracy per split and per kind on the fixed evaluation questions."""
+    from mmreward.synthetic.vqa import make_questions
+
+    result: dict[str, Any] = {}
+    for split, items in (("heldout", eval_items(n, "heldout")),
+                         ("train_distribution", make_questions(n, seed=2, split="train", kinds=POLICY_KINDS))):
+        images, first = render_items(items)
+        correct = gold_correct(items, generate_answers(model, processor, items, images), first)
+        acc, se = accuracy(correct)
+        per_kind = {k: round(float(correct[[i for i, it in enumerate(items) if it.kind == k]].mean()), 3)
+                    for k in POLICY_KINDS}
+        result[split] = {"accuracy": round(acc, 4), "se": round(se, 4), "n": len(items), "per_kind": per_kind}
+    return result
+
+
+def write_card(out: Path, record: dict) -> None:
+    m, c = record["metrics"], record["config"]
+    rows = "\n".join(f"| {split} | {v['accuracy']:.3f} ± {v['se']:.3f} (n={v['n']}) | "
+                     + ", ".join(f"{k} {a:.2f}" for k, a in v["per_kind"].items()) + " |"
+                     for split, v in m.items())
+    (out / "README.md").write_text(f"""# ShapesWorld VQA policy (tiny Qwen2-VL)
+
+A `Qwen2VLForConditionalGeneration` built from config ({record['parameters']:,} parameters, 3 text layers of
+width {c['hidden']}, a 2-block vision tower) with a byte-level BPE tokenizer trained on the world's text
+({c['vocab_size']} BPE pieces + Qwen's special tokens) and Qwen2-VL-Instruct's chat template. Supervised for
+{c['steps']} steps (batch {c['batch_size']}, AdamW lr {c['lr']}) on training-split ShapesWorld questions
+of kinds {', '.join(POLICY_KINDS)}: stopped early on purpose so that it answers above chance but far from perfectly,
+the starting point of the GRPO recipe `python -m vlm_rm.trl_shapes_vqa` (docs/results/trl_shapes_vqa.md).
+
+Prompts are the user turn `[image(s), question]` with no answer format; answers are bare words ("3", "red",
+"circle", "yes", "first") followed by <|im_end|>. Images are {IMAGE_SIZE}x{IMAGE_SIZE} (9 visual tokens each).
+
+Load: `Qwen2VLForConditionalGeneration.from_pretrained(folder)`, `AutoProcessor.from_pretrained(folder)`.
+
+Greedy accuracy by the `shapes-vqa` checker (chance: count ~0.2, color 1/6, shape 1/4, position 1/2, which 1/2):
+
+| split | accuracy ± SE | per kind |
+|---|---|---|
+{rows}
+
+"heldout" questions involve the world's held-out colour-shape pairs (compositional generalisation);
+"train_distribution" are fresh training-split scenes. Rebuild (seeded):
+`python -m mmreward.synthetic.build.build_assets --only vqa-policy` ({record['runtime_minutes']} min on this
+shared 2-core machine, torch {record['torch']}; {record.get('note', '')}).
+""")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    defaults = VQAPolicyTrainConfig()
+    for k, v in asdict(defaults).items():
+        parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+    args = parser.parse_args(argv)
+    return train(VQAPolicyTrainConfig(**vars(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""GRPO on the ShapesWorld VQA world with TRL's own `GRPOTrainer` and mmreward rewards: the recipe that shows a
+tiny vision-language policy learning from our rewards on a CPU.
+
+    python -m vlm_rm.trl_shapes_vqa                          # mixed reward: shapes-vqa 1.0 + shapesworld-pref 0.5
+    python -m vlm_rm.trl_shapes_vqa --verifiable-weight 0    # the learned reward alone (does it hack?)
+    python -m vlm_rm.trl_shapes_vqa --max-steps 2 --eval-questions 40   # a smoke run
+
+What it does:
+- the policy is the shipped tiny Qwen2-VL `assets/shapesworld/vqa-policy` (supervised briefly on the world, see
+  its card), loaded by trl itself from the folder (`from_pretrained` of the official layout);
+- the training set is training-split ShapesWorld questions (count, color, shape, position, which) in trl's
+  conversational VLM format (`vqa.to_trl_rows`, bare-word answers, no answer tag);
+- the rewards are `vlm_rm.adapters.trl_reward_function`s mixed by trl's `reward_weights` (each normalised within
+  its group first, trl's GDPO `multi_objective_aggregation="normalize_then_sum"`): the verifiable
+  `shapes-vqa` checker (given the dataset's "answer" column) and a learned reward, the ShapesWorld preference
+  CLIP (`shapesworld-pref`) scoring the claim "<question> <answer>" against the (first) image;
+- `GoldMonitor` is the hacking monitor's idea applied to trl: every `eval_every` steps it answers a fixed set of
+  held-out questions greedily and scores the answers with the gold checker *and* with the learned reward, so a
+  learned reward that rises while gold accuracy does not shows up in the curve (metrics.json, curve.png).
+
+Held-out questions are the world's held-out split: every one involves a colour-shape pair (or a count of a
+shape) no training question does. Accuracy is greedy decoding scored by `shapes-vqa`; its standard error is
+the binomial one, and the before/after difference also gets the paired standard error (same questions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmreward.errors import ConfigError
+
+DEFAULT_POLICY = "mmreward-assets:shapesworld/vqa-policy"
+
+
+@dataclass
+class RecipeConfig:
+    policy: str = DEFAULT_POLICY
+    out: str = "runs/trl_shapes_vqa"
+    max_steps: int = 120
+    prompts_per_step: int = 16
+    num_generations: int = 8
+    learning_rate: float = 1e-3
+    temperature: float = 1.0
+    max_completion_length: int = 3
+    verifiable_weight: float = 1.0
+    learned_weight: float = 0.5
+    learned_reward: str = "shapesworld-pref"
+    train_questions: int = 4000
+    eval_questions: int = 500
+    heldout_split_questions: int = 300
+    eval_every: int = 20
+    seed: int = 0
+    threads: int = 2
+
+    def check(self) -> None:
+        for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "train_questions",
+                    "eval_questions", "eval_every", "threads"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"trl_shapes_vqa: {key} must be an integer >= 1, got {value!r}")
+        if self.num_generations < 2:
+            raise ConfigError("trl_shapes_vqa: num_generations must be >= 2 (GRPO compares completions of a prompt)")
+        weights = (self.verifiable_weight, self.learned_weight)
+        if any(not math.isfinite(w) or w < 0 for w in weights) or not any(weights):
+            raise ConfigError(f"trl_shapes_vqa: reward weights must be finite, >= 0 and not both 0, got {weights}")
+        if not (self.learning_rate > 0 and self.temperature > 0):
+            raise ConfigError("trl_shapes_vqa: learning_rate and temperature must be > 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# rewards
+# ----------------------------------------------------------------------------------------------
+CLAIM_TEMPLATE = "{prompt} {completion}"  # what the learned reward reads: the question and the answer
+
+
+def reward_functions(cfg: RecipeConfig) -> tuple[list[Any], list[float]]:
+    """trl reward functions (ours, via `trl_reward_function`) and their weights; a weight of 0 drops one."""
+    from vlm_rm.adapters.trl import trl_reward_function
+
+    funcs, weights = [], []
+    if cfg.verifiable_weight > 0:
+        funcs.append(trl_reward_function("shapes-vqa", name="shapes_vqa"))
+        weights.append(cfg.verifiable_weight)
+    if cfg.learned_weight > 0:
+        funcs.append(learned_reward_function(cfg.learned_reward))
+        weights.append(cfg.learned_weight)
+    return funcs, weights
+
+
+def learned_reward_function(name: str = "shapesworld-pref"):
+    from vlm_rm.adapters.trl import trl_reward_function
+
+    return trl_reward_function(name, text="prompt+completion", template=CLAIM_TEMPLATE,
+                               name=name.replace("-", "_"), device="cpu")
+
+
+def score_with(reward_fn, items, images, answers) -> list[float]:
+    """Call a trl reward function as GRPOTrainer does (prompt messages, completion messages, dataset columns)."""
+    from mmreward.synthetic.build.train_vqa_policy import chat_prompt
+
+    return reward_fn(prompts=[chat_prompt(it) for it in items],
+                     completions=[[{"role": "assistant", "content": a}] for a in answers],
+                     images=[list(p) for p in images], answer=[it.answer for it in items],
+                     kind=[it.kind for it in items], question=[it.question for it in items])
+
+
+# ----------------------------------------------------------------------------------------------
+# the gold monitor
+# ----------------------------------------------------------------------------------------------
+def _trainer_callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class GoldMonitor(_trainer_callback_base()):
+    """Gold accuracy (greedy answers, `shapes-vqa`) on fixed evaluation questions beside the learned reward of the
+    same answers; `split_items` (the world's compositional held-out split) is tracked too, gold only."""
+
+    def __init__(self, items, learned_fn=None, every: int = 20, split_items=()):
+        from mmreward.synthetic.build.train_vqa_policy import render_items
+
+        self.items, self.learned_fn, self.every = items, learned_fn, every
+        self.images, self.first = render_items(items)
+        self.split_items = list(split_items)
+        self.split_images, self.split_first = render_items(self.split_items) if self.split_items else (None, None)
+        self.curve: list[dict[str, Any]] = []
+        self.answers: dict[int, list[str]] = {}
+        self.correct: dict[int, torch.Tensor] = {}
+        self.split_correct: dict[int, torch.Tensor] = {}
+        self.t0 = time.time()
+
+    def evaluate(self, model, processor, step: int) -> dict[str, Any]:
+        from mmreward.synthetic.build.train_vqa_policy import accuracy, generate_answers, gold_correct
+
+        was_training = model.training
+        model.eval()
+        answers = generate_answers(model, processor, self.items, self.images)
+        split_answers = (generate_answers(model, processor, self.split_items, self.split_images)
+                         if self.split_items else None)
+        if was_training:
+            model.train()
+        correct = gold_correct(self.items, answers, self.first)
+        acc, se = accuracy(correct)
+        row: dict[str, Any] = {"step": step, "gold_accuracy": round(acc, 4), "gold_se": round(se, 4)}
+        if self.learned_fn is not None:
+            learned = torch.tensor(score_with(self.learned_fn, self.items, self.images, answers), dtype=torch.float32)
+            row["learned_reward"] = round(float(learned.mean()), 4)
+        if split_answers is not None:
+            self.split_correct[step] = gold_correct(self.split_items, split_answers, self.split_first)
+            split_acc, split_se = accuracy(self.split_correct[step])
+            row["heldout_split_accuracy"], row["heldout_split_se"] = round(split_acc, 4), round(split_se, 4)
+        row["seconds"] = round(time.time() - self.t0, 1)
+        self.answers[step], self.correct[step] = answers, correct
+        self.curve.append(row)
+        print(json.dumps(row), flush=True)
+        return row
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if not self.curve:
+            self.evaluate(model, processing_class, 0)
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            if not self.curve or self.curve[-1]["step"] != state.global_step:
+                self.evaluate(model, processing_class, state.global_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+# ----------------------------------------------------------------------------------------------
+def training_rows(cfg: RecipeConfig):
+    from mmreward.synthetic.build.train_vqa_policy import IMAGE_SIZE, POLICY_KINDS, render_items
+    from mmreward.synthetic.vqa import make_questions, to_trl_rows
+
+    items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=POLICY_KINDS)
+    return to_trl_rows(items, size=IMAGE_SIZE, answer_format=False, images=render_items(items)[0])
+
+
+def grpo_config(cfg: RecipeConfig):
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(Path(cfg.out) / "trainer"), max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
+        learning_rate=cfg.learning_rate, lr_scheduler_type="constant", warmup_steps=0, beta=0.0,
+        logging_steps=1, report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=cfg.seed,
+        dataloader_num_workers=0, shuffle_dataset=True, disable_tqdm=True,
+        gradient_checkpointing=False,  # trl turns it on by default; a 2 MB policy only pays the recompute
+        # GDPO: each reward normalised within its group before the weighted sum, so the learned reward's raw
+        # scale (logits of about -30..30) does not drown the checker's 0/1
+        multi_objective_aggregation="normalize_then_sum",
+    )
+
+
+def build_trainer(cfg: RecipeConfig):
+    """(trainer, monitor): trl's GRPOTrainer on the world's training rows with our rewards, and the gold monitor."""
+    import datasets
+    from trl import GRPOTrainer
+
+    from mmreward.synthetic.assets import resolve_asset
+    from mmreward.synthetic.build.train_vqa_policy import eval_items
+
+    cfg.check()
+    torch.set_num_threads(cfg.threads)
+    funcs, weights = reward_functions(cfg)
+    learned_fn = learned_reward_function(cfg.learned_reward) if cfg.learned_weight > 0 else None
+    split = eval_items(cfg.heldout_split_questions, "heldout") if cfg.heldout_split_questions else ()
+    monitor = GoldMonitor(eval_items(cfg.eval_questions, "train"), learned_fn, cfg.eval_every, split)
+    data = datasets.Dataset.from_list(training_rows(cfg))
+    args = grpo_config(cfg)
+    args.reward_weights = weights
+    trainer = GRPOTrainer(model=resolve_asset(cfg.policy), args=args, train_dataset=data, reward_funcs=funcs,
+                          callbacks=[monitor])
+    return trainer, monitor
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def run(cfg: RecipeConfig) -> dict[str, Any]:
+    """Train, monitor, and write metrics.json (+ curve.png) to cfg.out; returns the metrics."""
+    from mmreward.synthetic.build.train_vqa_policy import accuracy
+
+    t0, cpu0 = time.time(), _cpu_seconds()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer, monitor = build_trainer(cfg)
+    held = monitor.items
+    before_params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    setup_s = time.time() - t0
+    trainer.train()
+    wall, cpu = time.time() - t0, _cpu_seconds() - cpu0
+    first, last = monitor.curve[0]["step"], monitor.curve[-1]["step"]
+    c0, c1 = monitor.correct[first], monitor.correct[last]
+    diff = (c1 - c0).float()
+    gain = float(diff.mean())
+    paired_se = float(diff.std(unbiased=True) / math.sqrt(diff.numel())) if diff.numel() > 1 else float("nan")
+    unpaired_se = math.sqrt(accuracy(c0)[1] ** 2 + accuracy(c1)[1] ** 2)
+    train_logs = [{k: round(v, 4) if isinstance(v, float) else v for k, v in h.items()
+                   if k == "step" or k.startswith("rewards/") or k in ("reward", "loss", "entropy")}
+                  for h in trainer.state.log_history if "reward" in h]
+    per_kind = {k: {"before": round(float(c0[[i for i, it in enumerate(held) if it.kind == k]].mean()), 3),
+                    "after": round(float(c1[[i for i, it in enumerate(held) if it.kind == k]].mean()), 3)}
+                for k in sorted({it.kind for it in held})}
+    examples = [{"kind": it.kind, "question": it.question, "truth": it.answer,
+                 "before": monitor.answers[first][i], "after": monitor.answers[last][i]} for i, it in enumerate(held[:15])]
+    changed = any(not torch.equal(p.detach(), before_params[n]) for n, p in trainer.model.named_parameters())
+    metrics = {
+        "config": asdict(cfg), "reward_funcs": [getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
+        "reward_weights": trainer.args.reward_weights,
+        "before": {"accuracy": monitor.curve[0]["gold_accuracy"], "se": monitor.curve[0]["gold_se"]},
+        "after": {"accuracy": monitor.curve[-1]["gold_accuracy"], "se": monitor.curve[-1]["gold_se"]},
+        "gain": round(gain, 4), "gain_paired_se": round(paired_se, 4), "gain_unpaired_se": round(unpaired_se, 4),
+        "gain_in_se": round(gain / max(unpaired_se, 1e-12), 2), "per_kind": per_kind, "curve": monitor.curve,
+        "train_log": train_logs, "examples": examples, "parameters_changed": changed,
+        "steps": trainer.state.global_step, "wall_seconds": round(wall, 1), "setup_seconds": round(setup_s, 1),
+        "cpu_seconds": round(cpu, 1), "threads": cfg.threads, "n_eval": len(held),
+        "heldout_split": ({"before": accuracy(monitor.split_correct[first])[0],
+                           "after": accuracy(monitor.split_correct[last])[0], "n": len(monitor.split_items)}
+                          if monitor.split_items else None),
+        "load_average_at_end": [round(x, 1) for x in _loadavg()],
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    plot_curve(metrics, out / "curve.png")
+    print(f"test accuracy {metrics['before']['accuracy']:.3f} -> {metrics['after']['accuracy']:.3f} "
+          f"(gain {gain:+.3f}, {metrics['gain_in_se']:.1f} SE) in {wall / 60:.1f} min wall, "
+          f"{cpu / 60:.1f} min of CPU", flush=True)
+    return metrics
+
+
+def _loadavg() -> tuple[float, ...]:
+    import os
+
+    try:
+        return os.getloadavg()
+    except OSError:
+        return ()
+
+
+def plot_curve(metrics: dict[str, Any], path: Path) -> None:
+    """Gold test accuracy and the learned reward of the same answers, plus the training batches' rewards."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the curve is also in metrics.json
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = [r["step"] for r in metrics["curve"]]
+    ax.errorbar(steps, [r["gold_accuracy"] for r in metrics["curve"]], yerr=[r["gold_se"] for r in metrics["curve"]],
+                marker="o", label="test gold accuracy (shapes-vqa, greedy)")
+    if any("heldout_split_accuracy" in r for r in metrics["curve"]):
+        ax.plot(steps, [r.get("heldout_split_accuracy") for r in metrics["curve"]], marker="^", alpha=0.7,
+                label="compositional held-out split (gold)")
+    train = [(h["step"], h["rewards/shapes_vqa/mean"]) for h in metrics["train_log"] if "rewards/shapes_vqa/mean" in h]
+    if train:
+        ax.plot(*zip(*train), alpha=0.4, label="training batches: shapes-vqa (sampled)")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("accuracy")
+    if any("learned_reward" in r for r in metrics["curve"]):
+        ax2 = ax.twinx()
+        ax2.plot(steps, [r.get("learned_reward") for r in metrics["curve"]], color="tab:red", marker="s",
+                 label="test: learned reward of the same answers")
+        ax2.set_ylabel("learned reward", color="tab:red")
+        ax2.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for k, v in asdict(RecipeConfig()).items():
+        parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+    args = parser.parse_args(argv)
+    try:
+        run(RecipeConfig(**vars(args)))
+    except ConfigError as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
