@@ -17,7 +17,12 @@ method, so the first failure does not hide the others:
 4. one GRPO iteration and 5. one DiffusionNFT iteration run through `Trainer` from the saved folder and change
    the LoRA (DDIM families: NFT is a flow-matching method, so the config is a typed error naming the kernel);
 6. resume is bit-exact (2 iterations straight == 1 + resume 1), for the subset with `resume = True`;
-7. bad frame counts, resolutions and missing source images are typed `ConfigError`s.
+7. bad resolutions, bad frame counts and missing source images are typed `ConfigError`s (three methods);
+8. every default LoRA target wraps a module of the trained denoiser;
+9. the adapter's FSDP2 block classes (`block_classes`) each name a module class of the tiny transformer.
+
+A family class may add family-specific checks as methods reading the shared `grpo_run` fixture (one
+iteration per family for the whole class), so they cost no extra training.
 
 A family that fails a behaviour marks that method `xfail(strict=True)` with the measured reason
 (`known_failure(AdapterConformance.test_x, "...")`), so fixing the adapter turns the marker into a failure to remove.
@@ -108,6 +113,8 @@ class AdapterConformance:
     latents_rel: ClassVar[float] = 1e-5
     images_atol: ClassVar[float] = 2e-6  # decoded pixels in [0, 1]
     resume: ClassVar[bool] = False  # behaviour 6 is costly: a representative subset runs it
+    # default LoRA targets the tiny transformer cannot have (its shape, not the adapter's): asserted missing exactly
+    tiny_absent_lora_targets: ClassVar[tuple[str, ...]] = ()
 
     # -- hooks --------------------------------------------------------------------------------------------------
     def build(self, folder: Path) -> None:
@@ -398,19 +405,49 @@ class AdapterConformance:
 
         assert without_times(resumed.history) == without_times(straight.history)
 
-    # -- 7. typed errors -----------------------------------------------------------------------------------------
-    def test_bad_geometry_and_inputs_are_config_errors(self, pipe):
+    # -- 7. typed errors, one method per input so the first failure hides none of the others -------------------
+    def test_bad_resolution_is_a_config_error(self, pipe):
         h, w, msl, frames = self.height, self.width, self.max_sequence_length, self.num_frames
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="multiple"):
             make_adapter(pipe, h + 1, w, msl, num_frames=frames)
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="multiple"):
             make_adapter(pipe, h, w + 1, msl, num_frames=frames)
-        if frames is not None:
+
+    def test_bad_frame_count_is_a_config_error(self, pipe):
+        h, w, msl, frames = self.height, self.width, self.max_sequence_length, self.num_frames
+        if frames is not None:  # a count the VAE's temporal factor cannot make
             with pytest.raises(ConfigError, match="num_frames"):
                 make_adapter(pipe, h, w, msl, num_frames=frames + 1)
-        else:
-            with pytest.raises(ConfigError):
+        else:  # any frame count for an image pipeline
+            with pytest.raises(ConfigError, match="makes images"):
                 make_adapter(pipe, h, w, msl, num_frames=5)
-        if self.is_edit:
-            with pytest.raises(ConfigError, match="source"):
-                self.adapter(pipe).encode(["make the circle blue"])
+
+    def test_missing_source_image_is_a_config_error(self, pipe):
+        if not self.is_edit:
+            pytest.skip("a text-to-image/video family takes plain prompts")
+        with pytest.raises(ConfigError, match="has no source image"):
+            self.adapter(pipe).encode(["make the circle blue"])
+
+    # -- LoRA targets and FSDP block classes name modules of this transformer ---------------------------------
+    def test_every_lora_target_wraps_a_module(self, grpo_run):
+        """Every default LoRA target of the family wraps at least one module of the trained denoiser (a target
+        that matches nothing is silently dropped by PEFT when another one matches)."""
+        from diffusion_rl.adapters import DEFAULT_LORA_TARGETS
+
+        trainer = grpo_run["trainer"]
+        wrapped = {n.split(".lora_A")[0] for n, _ in trainer.adapter.denoiser.named_parameters() if ".lora_A" in n}
+        missing = [t for t in DEFAULT_LORA_TARGETS[self.family] if not any(w.endswith("." + t) for w in wrapped)]
+        assert wrapped and missing == list(self.tiny_absent_lora_targets), f"LoRA targets wrapping no module: {missing}"
+
+    def test_fsdp_block_classes_name_modules_of_the_transformer(self, pipe):
+        """The adapter's `block_classes` (the FSDP2 wrap policy's transformer_cls_names_to_wrap) each name a module
+        class found in the tiny transformer, as accelerate's get_module_class_from_name looks them up."""
+        from accelerate.utils.dataclasses import get_module_class_from_name
+
+        adapter = self.adapter(pipe)
+        names = adapter.block_classes
+        assert names, f"{type(adapter).__name__}.block_classes is empty"
+        for name in names:
+            cls = get_module_class_from_name(adapter.denoiser, name)
+            assert cls is not None, f"no {name} module in {type(adapter.denoiser).__name__}"
+            assert sum(isinstance(m, cls) for m in adapter.denoiser.modules()) >= 1

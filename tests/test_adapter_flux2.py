@@ -136,9 +136,8 @@ def test_families_lora_targets_and_schedule(pipes):
 
 
 @pytest.mark.parity
+# FLUX.2-dev (guidance embedding) and klein base (true CFG) on plain prompts: the adapter conformance suite
 @pytest.mark.parametrize("kind,steps,g,with_ref", [
-    ("dev", 3, 4.0, False),  # FLUX.2-dev: guidance embedding
-    ("klein", 3, 4.0, False),  # klein base: true CFG with the empty prompt
     ("klein_distilled", 4, 4.0, False),  # step-distilled klein: 4 steps, the guidance scale ignored
     ("dev", 2, 2.5, True),  # a reference image appended as extra tokens
     ("klein", 2, 3.0, True),  # reference image under CFG (the negative prompt sees it too)
@@ -173,7 +172,8 @@ def test_ode_rollout_equals_the_flux2_pipeline(pipes, sources, kind, steps, g, w
     assert (traj.images.std(dim=(1, 2, 3)) > 1e-3).all()  # images with content, not a constant
 
 
-@pytest.mark.parametrize("kind,g,with_ref", [("dev", 4.0, False), ("klein", 3.0, False), ("klein", 3.0, True)])
+# plain prompts: the adapter conformance suite (behaviour 2); a reference image under CFG here
+@pytest.mark.parametrize("kind,g,with_ref", [("klein", 3.0, True)])
 def test_sde_log_probs_are_gaussian_densities(pipes, sources, kind, g, with_ref):
     pipe = pipes[kind]
     size = REF if with_ref else H
@@ -219,37 +219,6 @@ def test_bad_resolutions_frame_counts_and_mixed_batches_are_config_errors(pipes,
         adapter.encode([sources[0][0], "a plain prompt"])
     with pytest.raises(ConfigError, match="at least 64px"):  # the pipelines' own limit on reference images
         make_adapter(pipes["dev"], H, W, MSL).encode(sources[0])
-
-
-@pytest.mark.parametrize("kind,g", [("dev", 4.0), ("klein", 3.0)])
-def test_one_grpo_iteration_trains_the_lora(folders, tmp_path, kind, g):
-    from diffusion_rl.config import from_dict
-    from diffusion_rl.trainer import Trainer
-
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("a red circle\na blue square\n")
-    cfg = from_dict({
-        "model": {"pretrained": str(folders[kind]), "height": H, "width": W, "lora_rank": 4, "lora_alpha": 4,
-                  "max_sequence_length": MSL},
-        "sample": {"num_steps": 3, "guidance_scale": g, "kernel": "flow_sde", "noise_level": 0.7,
-                   "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
-        "train": {"algorithm": "grpo", "iterations": 1, "learning_rate": 1e-2, "probe": "error",
-                  "timestep_fraction": 0.67},
-        "advantage": {"min_count": 2},
-        "reward": {"rewards": {"mock": 1.0}},
-        "prompts": {"train": str(prompts)},
-        "log": {"output_dir": str(tmp_path / "run"), "eval_every": 0, "grid_every": 0, "progress": False},
-    })
-    trainer = Trainer(cfg)
-    assert isinstance(trainer.adapter, ADAPTER[kind])
-    lora_names = [n for n, p in trainer.adapter.denoiser.named_parameters() if p.requires_grad]
-    for target in FLUX2_LORA_TARGETS:
-        assert any(f".{target}.lora_A" in n for n in lora_names), target
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
-    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the training path reproduces the rollout's log-probs
-    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
-    assert changed > 0
 
 
 def test_klein_recipe_checks_and_trains_one_iteration_with_the_tiny_klein(folders, tmp_path, capsys):

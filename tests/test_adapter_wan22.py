@@ -72,7 +72,7 @@ def test_experts_and_boundary_follow_the_pipeline(t2v):
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("scale_2", [None, 2.5])
+@pytest.mark.parametrize("scale_2", [2.5])  # None (one scale on both experts): the adapter conformance suite
 def test_ode_rollout_equals_two_expert_wan_pipeline(t2v, scale_2):
     from parity_record import record_parity
 
@@ -179,33 +179,6 @@ def _run_cfg(pipe_dir: str, out, lora_targets=None) -> dict:
     }
 
 
-def test_one_grpo_iteration_trains_lora_on_both_experts(t2v_dir, tmp_path):
-    from diffusion_rl.config import from_dict
-    from diffusion_rl.trainer import Trainer
-
-    trainer = Trainer(from_dict(_run_cfg(t2v_dir, tmp_path)))
-    assert isinstance(trainer.adapter, Wan22Adapter)
-    experts = trainer.adapter.denoiser
-    names = {id(p): n for n, p in experts.named_parameters()}
-    trained = [names[id(p)] for p in trainer.trainable]
-    assert trained and all("lora_" in n for n in trained)
-    assert {n.split(".")[0] for n in trained} == {"high", "low"}
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
-    assert trainer.last_images.shape == (4, FRAMES, 3, H, W)
-    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first ratio is 1: same expert on both paths
-    changed = {names[id(p)].split(".")[0] for a, p in zip(before, trainer.trainable) if not torch.equal(a, p.detach())}
-    assert changed == {"high", "low"}
-    # the export is one diffusers LoRA folder per expert, each under the loader's `transformer.` prefix
-    final = trainer.export()
-    assert sorted(p.name for p in final.iterdir()) == ["transformer", "transformer_2"]
-    from diffusers import WanPipeline
-
-    for attr in ("transformer", "transformer_2"):
-        layers = WanPipeline.lora_state_dict(str(final / attr))
-        assert layers and all(k.startswith("transformer.blocks.") for k in layers)
-
-
 @pytest.mark.parametrize("lora_experts", ["high", "low"])
 def test_lora_on_one_expert_trains_only_that_expert(t2v_dir, tmp_path, lora_experts):
     from diffusion_rl.accelerator import make_accelerator
@@ -249,31 +222,6 @@ def test_bad_geometry_and_options_are_config_errors(t2v, first_frame):
         WanI2VAdapter(i2v, H, W, MSL, FRAMES)
 
 
-def test_one_grpo_iteration_on_image_to_video_with_first_frames(first_frame, tmp_path_factory, tmp_path):
-    import json
-
-    from diffusion_rl.config import from_dict
-    from diffusion_rl.trainer import Trainer
-    from mmreward.testing.tiny_wan22 import save_tiny_wan22
-
-    root = tmp_path_factory.mktemp("wan22_i2v")
-    pipe_dir = str(save_tiny_wan22("i2v", root / "i2v"))
-    rows = root / "first_frames.jsonl"
-    rows.write_text("".join(json.dumps({"source_image": first_frame[1][0].source, "instruction": p}) + "\n"
-                            for p in PROMPTS))
-    cfg = _run_cfg(pipe_dir, tmp_path)
-    cfg["prompts"] = {"train": str(rows)}
-    trainer = Trainer(from_dict(cfg))
-    assert isinstance(trainer.adapter, WanI2VAdapter) and trainer.adapter.family == "wan_i2v"
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
-    assert trainer.last_images.shape == (4, FRAMES, 3, H, W)
-    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first-frame condition reaches the training path
-    names = {id(p): n for n, p in trainer.adapter.denoiser.named_parameters()}
-    changed = {names[id(p)].split(".")[0] for a, p in zip(before, trainer.trainable) if not torch.equal(a, p.detach())}
-    assert changed == {"high", "low"}
-
-
 def test_config_keys_reach_the_two_expert_adapter(t2v_dir, tmp_path, tiny_pipeline_dir):
     """model.lora_experts / model.guidance_scale_2 set the adapter before the policy; elsewhere they are errors."""
     from diffusion_rl.config import from_dict
@@ -293,7 +241,7 @@ def test_config_keys_reach_the_two_expert_adapter(t2v_dir, tmp_path, tiny_pipeli
         from_dict({**raw, "model": {**raw["model"], "lora_experts": "middle"}})
 
 
-@pytest.mark.parametrize("lora_experts", ["both", "high", "low"])
+@pytest.mark.parametrize("lora_experts", ["high", "low"])  # "both": the adapter conformance suite (TestWan22)
 def test_lora_export_per_expert_reloads_into_a_fresh_pipeline_as_the_trained_policy(t2v_dir, tmp_path, lora_experts):
     """After one GRPO iteration, the export loaded the way diffusers documents two-expert Wan 2.2 LoRAs
     (WanLoraLoaderMixin.load_lora_weights, `load_into_transformer_2=True` for the low-noise expert) into a fresh

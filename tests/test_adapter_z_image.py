@@ -96,7 +96,6 @@ def test_family_lora_targets_and_schedule(z_pipe):
 @pytest.mark.parity
 @pytest.mark.parametrize("steps,g,norm,trunc", [
     (9, 0.0, 0.0, 1.0),  # Z-Image-Turbo's model-card sampling: 9 steps, no CFG
-    (4, 5.0, 0.0, 1.0),  # the pipeline's call defaults for the base model (guidance 5, no norm, no truncation)
     (4, 3.0, 0.995, 0.3),  # CFG renormalisation (caps some samples, not all) and truncation (last 2 steps)
 ])
 def test_ode_rollout_equals_the_z_image_pipeline(z_pipe, steps, g, norm, trunc):
@@ -115,7 +114,8 @@ def test_ode_rollout_equals_the_z_image_pipeline(z_pipe, steps, g, norm, trunc):
     assert (traj.images.std(dim=(1, 2, 3)) > 1e-3).all()  # images with content, not a constant
 
 
-@pytest.mark.parametrize("g,trunc", [(3.0, 1.0), (3.0, 0.2), (0.0, 1.0)])
+# without CFG: the velocity is the ODE test's 9-step case, the density conformance behaviour 2's formula
+@pytest.mark.parametrize("g,trunc", [(3.0, 1.0), (3.0, 0.2)])
 def test_sde_log_probs_are_gaussian_densities(z_pipe, g, trunc):
     adapter = make_adapter(z_pipe, H, W, MSL)
     adapter.cfg_normalization, adapter.cfg_truncation = 0.995, trunc
@@ -162,42 +162,6 @@ def test_bad_resolutions_and_frame_counts_are_config_errors(z_pipe):
         make_adapter(z_pipe, H, W, MSL, num_frames=5)
     with pytest.raises(ConfigError, match="cfg_normalization"):
         ZImageAdapter(z_pipe, H, W, MSL, cfg_normalization=-1.0)
-
-
-def test_one_grpo_iteration_trains_the_lora(z_folder, tmp_path):
-    from diffusion_rl.config import from_dict
-    from diffusion_rl.trainer import Trainer
-
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("a red circle\na blue square\n")
-    cfg = from_dict({
-        "model": {"pretrained": str(z_folder), "height": H, "width": W, "lora_rank": 4, "lora_alpha": 4,
-                  "max_sequence_length": MSL},
-        "sample": {"num_steps": 3, "guidance_scale": 0.0, "kernel": "flow_sde", "noise_level": 0.7,
-                   "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
-        "train": {"algorithm": "grpo", "iterations": 1, "learning_rate": 1e-2, "probe": "error",
-                  "timestep_fraction": 0.67},
-        "advantage": {"min_count": 2},
-        "reward": {"rewards": {"mock": 1.0}},
-        "prompts": {"train": str(prompts)},
-        "log": {"output_dir": str(tmp_path / "run"), "eval_every": 0, "grid_every": 0, "progress": False},
-    })
-    trainer = Trainer(cfg)
-    assert isinstance(trainer.adapter, ZImageAdapter)
-    lora_names = [n for n, p in trainer.adapter.denoiser.named_parameters() if p.requires_grad]
-    for target in Z_IMAGE_LORA_TARGETS:
-        assert any(f".{target}.lora_A" in n for n in lora_names), target
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
-    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the training path reproduces the rollout's log-probs
-    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
-    assert changed > 0
-    # the trained LoRA exports in the layout ZImagePipeline.load_lora_weights reads
-    from diffusers import ZImagePipeline
-
-    layers = ZImagePipeline.lora_state_dict(str(trainer.export()))
-    layers = layers[0] if isinstance(layers, tuple) else layers
-    assert any(k.startswith("transformer.") and "lora_A" in k for k in layers)
 
 
 def test_cfg_normalization_and_truncation_are_config_keys(z_folder, tmp_path):

@@ -13,14 +13,9 @@ from mmreward.errors import ConfigError
 
 
 @pytest.fixture(scope="session")
-def tiny_pipeline_dirs(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    root = tmp_path_factory.mktemp("drl_pipes")
-    return {k: str(save_tiny_pipeline(k, root / k)) for k in ("sd", "sd3", "flux")}
-
-
-GUIDANCE = {"sd": 4.5, "sd3": 4.5, "flux": 1.0}
+def tiny_pipeline_dirs(tiny_pipeline_dir):
+    """The session's shared tiny SD and SD3 folders (tests/conftest.py), not a copy of each."""
+    return {k: str(tiny_pipeline_dir(k)) for k in ("sd", "sd3")}
 
 
 def test_noise_depends_only_on_counters_not_batch_layout(tiny_pipeline_dirs):

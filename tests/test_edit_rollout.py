@@ -41,7 +41,7 @@ def test_family_and_adapter(kontext):
         adapter.encode(["make the circle blue"])
 
 
-@pytest.mark.parametrize("cfg", [1.0, 2.5])
+@pytest.mark.parametrize("cfg", [1.0])  # true CFG 2.5: the adapter conformance suite (behaviour 1)
 def test_ode_rollout_equals_the_kontext_pipeline(kontext, edits, cfg):
     """Without guidance embeddings (the tiny model) guidance_scale > 1 is true CFG with the empty negative prompt,
     which the pipeline does with negative_prompt='' and true_cfg_scale."""
@@ -137,10 +137,12 @@ def test_ode_rollout_equals_the_qwen_image_edit_pipeline(qwen_edit, edits, cfg):
     given = ({"negative_prompt_embeds": t["negative_prompt_embeds"],
               "negative_prompt_embeds_mask": t["negative_prompt_embeds_mask"], "true_cfg_scale": cfg} if cfg > 1 else {})
     common = {"image": images, "num_inference_steps": 2, "height": 32, "width": 32, "output_type": "pt"}
-    # 1. the denoising, source latents, CFG and decoding: exactly the pipeline's, given our (padded) embeddings
-    ref = qwen_edit(prompt_embeds=t["prompt_embeds"], prompt_embeds_mask=t["prompt_embeds_mask"],
-                    latents=traj.latents[:, 0].clone(), **given, **common).images
-    torch.testing.assert_close(traj.images, ref, atol=2e-6, rtol=0)
+    # 1. the denoising, source latents, CFG and decoding given our (padded) embeddings: with CFG, the adapter
+    # conformance suite (TestQwenImageEdit, behaviour 1); without, here (slow)
+    if cfg == 1.0:
+        ref = qwen_edit(prompt_embeds=t["prompt_embeds"], prompt_embeds_mask=t["prompt_embeds_mask"],
+                        latents=traj.latents[:, 0].clone(), **given, **common).images
+        torch.testing.assert_close(traj.images, ref, atol=2e-6, rtol=0)
     # 2. the embeddings: the pipeline's own encoding of the batch, up to our zero padding (masked out)
     pe, mask = qwen_edit.encode_prompt(prompt=[str(p) for p in pair],
                                        image=[qwen_edit.image_processor.resize(i, 1024, 1024) for i in images])

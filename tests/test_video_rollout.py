@@ -61,7 +61,8 @@ def test_rollout_schedule_uses_the_unipc_flow_shift(wan_pipe, euler_pipe):
     assert_close_scaled(sched.b, torch.cat([shifted[1:], torch.zeros(1, dtype=torch.float64)]), rel=1e-5)
 
 
-@pytest.mark.parametrize("kernel", [Kernel("flow_sde", 0.7), Kernel("dance_sde", 0.3)])
+# Flow-SDE on Wan: the adapter conformance suite (behaviour 2); DanceGRPO's kernel over 5-D latents is checked here
+@pytest.mark.parametrize("kernel", [Kernel("dance_sde", 0.3)])
 def test_sde_log_probs_are_gaussian_densities_over_video_latents(wan_pipe, kernel):
     adapter = make_adapter(wan_pipe, H, W, MSL, num_frames=FRAMES)
     emb = adapter.encode(PROMPTS)
@@ -105,22 +106,6 @@ def _run_cfg(pipe_dir: str, rewards: dict, out, num_frames: int | None = FRAMES)
         "prompts": {"train": PROMPTS},
         "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
     }
-
-
-def test_one_grpo_iteration_on_tiny_wan_with_a_video_reward(pipe_dirs, tmp_path):
-    from diffusion_rl.config import from_dict
-    from diffusion_rl.trainer import Trainer
-
-    # model.num_frames reaches the adapter: 9 frames -> (9 - 1) / 4 + 1 = 3 latent frames, not the default 81
-    trainer = Trainer(from_dict(_run_cfg(pipe_dirs["wan"], {"mock": 1.0}, tmp_path)))
-    assert trainer.adapter.latent_shape() == (16, 3, H // 8, W // 8)
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
-    assert trainer.last_images.shape == (4, FRAMES, 3, H, W)
-    assert metrics["train/probe/max_abs_log_ratio"] < 1e-5  # the first ratio is 1 up to float noise
-    assert metrics["adv/abs_mean"] > 0 and metrics["train/grad_norm"] > 0
-    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
-    assert changed > 0
 
 
 def test_rewards_of_the_wrong_modality_are_config_errors(pipe_dirs, tmp_path):
