@@ -100,9 +100,22 @@ def test_compare(folder, tmp_path, capsys):
 
 
 def test_module_entry_points():
+    # one interpreter runs the three `python -m <package> --version` (runpy, as -m does; torch is imported once,
+    # not three times); each exit code and stdout is captured on its own
+    code = ("import contextlib, io, json, runpy, sys\nres = {}\n"
+            "for module in ('mmreward', 'diffusion_rl', 'vlm_rm'):\n"
+            "    sys.argv = [module, '--version']\n    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n            runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+            "            rc = 0\n"
+            "        except SystemExit as exc:\n            rc = 0 if exc.code is None else exc.code\n"
+            "    res[module] = [rc, out.getvalue()]\nprint(json.dumps(res))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.splitlines()[-1])
     for module in ("mmreward", "diffusion_rl", "vlm_rm"):
-        res = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, cwd=ROOT)
-        assert res.returncode == 0 and res.stdout.strip() == "0.1.0", (module, res.stderr)
+        rc, out = res[module]
+        assert rc == 0 and out.strip() == "0.1.0", (module, rc, out, proc.stderr[-2000:])
 
 
 def test_two_process_sharding_merges_in_input_order(folder, tmp_path):
