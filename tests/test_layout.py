@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,10 +60,23 @@ def test_shapesworld_rewards_load_without_the_training_scripts():
 
 
 def test_studies_run_as_modules_of_the_experiments_package():
+    # one interpreter runs the three `python -m diffusion_rl.experiments.<name> --help` (runpy, as -m does;
+    # torch is imported once, not three times); each exit code and stdout is captured on its own
+    code = ("import contextlib, io, json, runpy, sys\nres = {}\n"
+            "for name in ('shapesworld', 'harden_clip', 'adversarial_pool'):\n"
+            "    sys.argv = [name, '--help']\n    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n"
+            "            runpy.run_module(f'diffusion_rl.experiments.{name}', run_name='__main__', alter_sys=True)\n"
+            "            rc = 0\n"
+            "        except SystemExit as exc:\n            rc = 0 if exc.code is None else exc.code\n"
+            "    res[name] = [rc, out.getvalue()]\nprint(json.dumps(res))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.splitlines()[-1])
     for name in ("shapesworld", "harden_clip", "adversarial_pool"):
-        out = subprocess.run([sys.executable, "-m", f"diffusion_rl.experiments.{name}", "--help"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=300)
-        assert out.returncode == 0 and "usage:" in out.stdout, (name, out.stderr[-1000:])
+        rc, out = res[name]
+        assert rc == 0 and "usage:" in out, (name, rc, proc.stderr[-1000:])
     assert not (ROOT / "diffusion_rl" / "inference" / "shapesworld.py").exists()
 
 
