@@ -307,15 +307,33 @@ def test_cli_records_hostile_items_and_scores_the_rest(tmp_path):
     _write_clip(videos / "a_ok.mp4", 40, 16)
     _avi_bomb(videos / "b_bomb.avi")
     (videos / "c_garbage.mp4").write_bytes(b"not a video")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    runs = {name: ["score", *argv, "--out", str(tmp_path / f"{name}.jsonl"), "--no-progress"] for name, argv in (
+        ("images", ["--reward", "jpeg-incompressibility", str(images)]),
+        ("videos", ["--reward", "motion", "--option", "num_frames=8", str(videos)]))}
+    # both `python -m mmreward score` runs in one interpreter (runpy, as -m does; torch is imported once): each
+    # exit code and stderr is captured on its own; an abort in a decoder would still end the process (rc < 0)
+    proc = _run_python(f"""
+        import contextlib, io, json, runpy, sys, warnings
+        warnings.simplefilter("always")
+        res = {{}}
+        for name, argv in {runs!r}.items():
+            sys.argv = ["mmreward", *argv]
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    runpy.run_module("mmreward", run_name="__main__", alter_sys=True)
+                    rc = 0
+                except SystemExit as exc:
+                    rc = 0 if exc.code is None else exc.code
+            res[name] = [rc, err.getvalue()]
+        print(json.dumps(res))
+    """, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     results = {}
-    for name, argv in (("images", ["--reward", "jpeg-incompressibility", str(images)]),
-                       ("videos", ["--reward", "motion", "--option", "num_frames=8", str(videos)])):
+    for name, (rc, err) in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        assert rc == 1, (name, err[-2000:])  # some items failed; no abort, no traceback
+        assert "item(s) failed" in err and "Traceback" not in err, (name, err[-2000:])
         out = tmp_path / f"{name}.jsonl"
-        proc = subprocess.run([sys.executable, "-m", "mmreward", "score", *argv, "--out", str(out), "--no-progress"],
-                              capture_output=True, text=True, timeout=300, env=env, cwd=str(ROOT))
-        assert proc.returncode == 1, proc.stderr[-2000:]  # some items failed; no abort, no traceback
-        assert "item(s) failed" in proc.stderr and "Traceback" not in proc.stderr
         results[name] = {Path(r["media"]).name: r for r in map(json.loads, out.read_text().splitlines())}
     imgs = results["images"]
     assert sorted(imgs) == ["img0.png", "img1.png", "img1_strip.png", "img2.png"]
