@@ -32,8 +32,8 @@ What we simplify: the old policy of the clip is the policy at the start of the i
 behaviour before `switch_ema_ref` = 200 steps; after that it samples and clips with an EMA); the trained steps are
 drawn from the sampling schedule's `sample.num_steps` sigmas (the noisiest `timestep_fraction` of them), counter-
 based; a training forward holds whole groups (max(1, micro_batch_size // group_size) of them), so each group's
-weight is exact without a collective; flow-matching (velocity) models only; training forwards use
-`sample.guidance_scale`.
+weight is exact without a collective; flow-matching (velocity) models only. The training forwards are conditional
+(guidance 1) as in the later reference (rl/dgpo.py; the earlier dgpo.py passed the sampling CFG scale).
 """
 
 from __future__ import annotations
@@ -137,7 +137,9 @@ class DGPO(RankedSamplesMethod):
     def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
                x0_all: torch.Tensor, adv_all: torch.Tensor) -> dict[str, float]:
         cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
-        gs, g_size = cfg.sample.guidance_scale, cfg.sample.group_size
+        # the policy, old and reference velocities are the conditional ones (guidance 1), whatever CFG sampled the
+        # images: X-GenGroup/Flow-Factory@b30dc00 rl/dgpo.py `_forward_velocities` (guidance_scale=1.0; kl_cfg 1)
+        gs, g_size = 1.0, cfg.sample.group_size
         clip_max = cfg.advantage.clip_max if cfg.advantage.clip_max is not None else math.inf
         adv_all = adv_all.clamp(-clip_max, clip_max)
         schedule = adapter.schedule(cfg.sample.num_steps)
