@@ -36,19 +36,8 @@ from diffusion_rl import (
     selection,
 )
 from diffusion_rl.accelerator import make_accelerator
-from diffusion_rl.algorithms import (
-    AWM,
-    CRD,
-    DGPO,
-    RAFT,
-    DiffusionDPO,
-    DiffusionNFT,
-    DRaFT,
-    OfflineDiffusionDPO,
-    make_algorithm,
-)
+from diffusion_rl.algorithms import make_algorithm
 from diffusion_rl.algorithms.grpo_guard import guard_policy_loss, uses_ratio_norm
-from diffusion_rl.algorithms.prdp import PRDP
 from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.evaluation import check_sharded_evaluation, evaluate
 from diffusion_rl.kernels import Kernel
@@ -222,21 +211,21 @@ class Trainer:
         return out
 
     def train_iteration(self, it: int) -> dict[str, float]:
-        """Prompts, rollout, rewards, advantages and the update of iteration `it`; returns its metrics."""
-        own_iteration = DRaFT | DiffusionNFT | DiffusionDPO | OfflineDiffusionDPO | RAFT | AWM | DGPO | CRD
-        if isinstance(self.algorithm, own_iteration):
+        """Prompts, rollout, rewards, advantages, loss and optimizer step of iteration `it`; returns its metrics."""
+        if getattr(self.algorithm, "owns_iteration", False):  # DRaFT, ReFL, NFT, DPO, RAFT, AWM, DGPO, CRD
             _, prompts, slots, sample_ids = self.local_prompts(it)
             metrics, self.last_images = self.algorithm.iteration(
                 it, self.policy, self.adapter, self.kernel, prompts, self.embeds_for(prompts), slots, sample_ids)
             return metrics
         t0 = time.perf_counter()
-        batch, order = self.collect(it)
+        batch, order = self.collect(it)  # prompts -> rollout -> rewards (scored chunk by chunk)
         t1 = time.perf_counter()
-        if isinstance(self.algorithm, PRDP):  # regresses reward differences of pairs: no advantages, its own update
+        if getattr(self.algorithm, "owns_update", False):  # PRDP: reward differences of pairs, no advantages
             metrics = self.algorithm.update(batch, order, self.policy, self.adapter, self.kernel)
         else:
-            batch.advantages, metrics = self.algorithm.advantages(batch, order)
-            metrics.update(self.update(selection.select_best_worst(batch, order, self.cfg.train.best_worst_k)))
+            batch.advantages, metrics = self.algorithm.advantages(batch, order)  # advantages
+            trained = selection.select_best_worst(batch, order, self.cfg.train.best_worst_k)  # DanceGRPO's k
+            metrics.update(self.update(trained))  # loss -> optimizer step, per minibatch
         t2 = time.perf_counter()
         for name, r in batch.rewards.items():
             all_r = order.gather(r)

@@ -115,7 +115,7 @@ def test_config_key_is_checked():
         from_dict({"train": {"best_worst_k": 1.5}, **mock})
     with pytest.raises(ConfigError, match=r"2k = 10 samples of each group, more than sample.group_size \(8\)"):
         from_dict({"train": {"best_worst_k": 5}, "sample": {"group_size": 8}, **mock})
-    with pytest.raises(ConfigError, match="applies to grpo and pref_grpo, not ddpo"):
+    with pytest.raises(ConfigError, match="applies to grpo, grpo_guard and pref_grpo, not ddpo"):
         from_dict({"preset": "ddpo", "train": {"best_worst_k": 1}, **mock})
 
 
@@ -136,10 +136,9 @@ PROMPTS = ["a red circle moving left", "a blue square moving up"]
 
 
 @pytest.fixture(scope="module")
-def wan_dir(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    return str(save_tiny_pipeline("wan", tmp_path_factory.mktemp("sel_wan") / "wan"))
+def wan_dir(tiny_pipeline_dir):
+    """The session's tiny Wan pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return str(tiny_pipeline_dir("wan"))
 
 
 def _video_cfg(pipe_dir: str, out, **train) -> dict:

@@ -1,8 +1,14 @@
-"""One readable file per method. A policy-gradient method (GRPO, Pref-GRPO, DDPO) is the advantage
-computation that distinguishes it: `advantages(batch, order) -> (this process's advantages, metrics)`, where
-`order` gathers rewards from every process in canonical order; the PPO update is shared in
-`diffusion_rl.trainer`. DRaFT/AlignProp and ReFL backpropagate the reward instead; DiffusionNFT, Diffusion-DPO, RAFT, AWM, DGPO and CRD train on the
-forward process; they bring their own `iteration`.
+"""One readable file per method, in three shapes the trainer tells apart by what a method declares (never
+by its class):
+
+- a policy-gradient method (GRPO, GRPO-Guard, Pref-GRPO, DDPO) is the advantage computation that distinguishes
+  it: `advantages(batch, order) -> (this process's advantages, metrics)`, where `order` gathers rewards from
+  every process in canonical order; the PPO update is shared in `diffusion_rl.trainer`;
+- `owns_update = True` (PRDP): the trainer collects and scores the rollouts, the method runs its own update;
+- `owns_iteration = True` (DRaFT/AlignProp and ReFL, which backpropagate the reward; DiffusionNFT,
+  Diffusion-DPO, RAFT, AWM, DGPO and CRD, which train on the forward process): the method brings its own
+  `iteration(it, policy, adapter, kernel, prompts, embeds, slots, sample_ids) -> (metrics, images)`.
+
 None of them sees the trainer. The papers' presets are in `diffusion_rl.presets`."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +171,7 @@ def reference_velocity(policy: Policy, adapter: PipelineAdapter, x_t: torch.Tens
 class RankedSamplesMethod:
     """What DPO, RAFT and AWM share: the run's rewards and prompt metadata, and one step that checks the model,
     samples every group with the current policy (ODE) and ranks it (`sample_and_rank`)."""
+    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
 
     name = ""
 
@@ -336,6 +337,7 @@ def encode_images(adapter: PipelineAdapter, images: torch.Tensor) -> torch.Tenso
 
 class OfflineDiffusionDPO:
     """Offline Diffusion-DPO on a preference-pair dataset (`train.dpo_pairs`; see the module docstring)."""
+    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
 
     name = "dpo"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -96,6 +96,7 @@ def sample_with_truncated_backprop(
 
 class DRaFT:
     """Reward backpropagation (see the module docstring): `iteration` runs one whole iteration."""
+    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
 
     name = "draft"
 

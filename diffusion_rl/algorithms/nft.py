@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -124,6 +124,7 @@ def sample_ode(adapter: PipelineAdapter, model: torch.nn.Module, embeds: PromptE
 # ----------------------------------------------------------------------------------------------
 class DiffusionNFT:
     """Forward-process RL (see the module docstring): `iteration` runs one whole iteration."""
+    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
 
     name = "nft"
 

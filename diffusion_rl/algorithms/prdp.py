@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import ClassVar
 
 import torch
 
@@ -108,6 +109,7 @@ def reference_model(policy: Policy) -> Iterator[torch.nn.Module]:
 class PRDP:
     """Proximal Reward Difference Prediction (see the module docstring). The trainer collects the rollouts;
     `update` replaces the PPO update."""
+    owns_update: ClassVar[bool] = True  # the trainer collects and scores; PRDP regresses pairs itself
 
     name = "prdp"
 
