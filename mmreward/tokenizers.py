@@ -23,7 +23,7 @@ _NUM_MERGES = CLIP_VOCAB_SIZE - 256 - 256 - 2  # 48894
 
 
 @lru_cache(maxsize=1)
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode map, as used by CLIP."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -51,7 +51,7 @@ def write_clip_tokenizer_files(out_dir: str | os.PathLike, num_merges: int = _NU
     out.mkdir(parents=True, exist_ok=True)
     lines = gzip.open(open_clip_bpe_path()).read().decode("utf-8").split("\n")
     merges = [tuple(line.split()) for line in lines[1 : 1 + num_merges]]
-    chars = list(_bytes_to_unicode().values())
+    chars = list(bytes_to_unicode().values())
     vocab = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
     (out / "vocab.json").write_text(json.dumps({tok: i for i, tok in enumerate(vocab)}, ensure_ascii=False))
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")

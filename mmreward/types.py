@@ -468,7 +468,7 @@ class RewardSpec:
         return self.install_hint or f"pip install 'mmreward[{self.extra or 'all'}]'"
 
 
-def _texts(values: Any, n: int, name: str, allow_none: bool) -> list[Any]:
+def response_texts(values: Any, n: int, name: str, allow_none: bool) -> list[Any]:
     """One text per item for `score_responses`: a string is broadcast, a list must match the batch."""
     if values is None:
         if allow_none:
@@ -528,9 +528,9 @@ class ResponseReward(Reward):
         n = len(batch)
         if n == 0:
             raise RewardInputError("media: got an empty batch; pass at least one image or video")
-        question_list = [q or "" for q in _texts(questions, n, "questions", allow_none=True)]
-        response_list = _texts(responses, n, "responses", allow_none=False)
-        reference_list = _texts(references, n, "references", allow_none=True)
+        question_list = [q or "" for q in response_texts(questions, n, "questions", allow_none=True)]
+        response_list = response_texts(responses, n, "responses", allow_none=False)
+        reference_list = response_texts(references, n, "references", allow_none=True)
         if media_io.requires_grad(batch) and not self.differentiable:
             raise RewardInputError(
                 f"media requires grad but reward '{self.name}' is not differentiable; detach the input"

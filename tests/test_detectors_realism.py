@@ -9,7 +9,7 @@ from PIL import Image
 
 import mmreward
 from mmreward.errors import CheckpointError, ConfigError
-from mmreward.models._real_fake_labels import RealOutput, resolve_real_output
+from mmreward.models.real_fake_labels import RealOutput, resolve_real_output
 from mmreward.testing.tiny_realism import save_tiny_image_classifier, save_tiny_univfd
 from tests.parity_record import record_parity
 

@@ -42,7 +42,7 @@ def tokenizer_dir(tmp_path_factory):
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    from mmreward.models._tiny_qwen_vl import (
+    from mmreward.backbones.tiny_qwen_vl import (
         QWEN2_VL_CHAT_TEMPLATE,
         build_qwen_tokenizer,
         tiny_qwen_vl_config,

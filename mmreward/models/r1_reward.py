@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from mmreward.errors import RewardInputError
-from mmreward.types import PairwiseOutput, ResponseReward, RewardOutput, _texts
+from mmreward.types import PairwiseOutput, ResponseReward, RewardOutput, response_texts
 
 DEFAULT_CHECKPOINT = "yifanzhang114/R1-Reward"
 # the processor bound the script loads with (AutoProcessor.from_pretrained(..., max_pixels=1003520 // 2)) and
@@ -176,9 +176,9 @@ class R1Reward(ResponseReward):
         n = len(batch)
         if n == 0:
             raise RewardInputError("media: got an empty batch; pass at least one image")
-        qs = [q or "" for q in _texts(questions, n, "questions", allow_none=True)]
-        a = _texts(responses_a, n, "responses", allow_none=False)
-        b = _texts(responses_b, n, "responses", allow_none=False)
+        qs = [q or "" for q in response_texts(questions, n, "questions", allow_none=True)]
+        a = response_texts(responses_a, n, "responses", allow_none=False)
+        b = response_texts(responses_b, n, "responses", allow_none=False)
         images = list(batch)
         parts = []
         with torch.inference_mode():
@@ -226,7 +226,7 @@ def best_of_n_by_critic(critic: R1Reward, question: str, medium: Any, candidates
 def write_tiny_r1_reward(folder: str | os.PathLike, seed: int = 0) -> Path:
     """A tiny random R1-Reward checkpoint in the official layout: a save_pretrained Qwen2.5-VL folder whose processor
     has the script's pixel bound (max_pixels 1003520 // 2), so the original path resizes small images once."""
-    from mmreward.models._tiny_qwen_vl import build_tiny_qwen_vl
+    from mmreward.backbones.tiny_qwen_vl import build_tiny_qwen_vl
 
     out = Path(folder)
     build_tiny_qwen_vl(out, variant="qwen2_5_vl", seed=seed, max_pixels=MAX_PIXELS)

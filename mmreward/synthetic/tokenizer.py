@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mmreward.synthetic.captions import PLURALS
 from mmreward.synthetic.prompts import COLORS, NUMBERS, SHAPES
-from mmreward.tokenizers import _bytes_to_unicode, open_clip_bpe_path
+from mmreward.tokenizers import bytes_to_unicode, open_clip_bpe_path
 
 # Everyday words beyond ShapesWorld's own, so that typical prompts tokenise into whole words.
 EXTRA_WORDS = (
@@ -62,7 +62,7 @@ def write_shapes_tokenizer_files(out_dir: str | os.PathLike, words: list[str] | 
     lines = gzip.open(open_clip_bpe_path()).read().decode("utf-8").split("\n")
     all_merges = [tuple(line.split()) for line in lines[1 : 49152 - 256 - 2 + 1]]
     ranks = {m: i for i, m in enumerate(all_merges)}
-    byte_map = _bytes_to_unicode()
+    byte_map = bytes_to_unicode()
     needed: set[tuple[str, str]] = set()
     for w in words or shapes_words():
         needed.update(_bpe("".join(byte_map[b] for b in w.encode("utf-8")), ranks))

@@ -42,7 +42,7 @@ def build_tiny_qwen_image21_pipeline(seed: int = 0, num_layers: int = 1) -> Any:
     )
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from mmreward.models._tiny_qwen_vl import QWEN2_VL_CHAT_TEMPLATE, build_qwen_tokenizer
+    from mmreward.backbones.tiny_qwen_vl import QWEN2_VL_CHAT_TEMPLATE, build_qwen_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         tok = build_qwen_tokenizer(tmp)

@@ -1,6 +1,6 @@
 """Tiny random synthetic-image detectors written in their official formats, for tests.
 
-- a transformers image classifier folder (re-exported from `mmreward.models._realism_random`, where
+- a transformers image classifier folder (re-exported from `mmreward.models.realism_random`, where
   weights="random" builds it);
 - UnivFD: a CLIP vision backbone (transformers CLIPModel folder) and `fc_weights.pth`, the
   {'weight', 'bias'} state dict of the linear probe that UnivFD's repository ships.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from mmreward.models._realism_random import (
+from mmreward.models.realism_random import (
     DEFAULT_ID2LABEL,
     save_tiny_image_classifier,
     tiny_image_classifier_config,

@@ -2,16 +2,16 @@
 
 from mmreward.tokenizers import (
     CLIP_VOCAB_SIZE,
-    _bytes_to_unicode,
     build_bert_tokenizer,
     build_clip_tokenizer,
+    bytes_to_unicode,
     open_clip_bpe_path,
     write_clip_tokenizer_files,
 )
 
 __all__ = [
     "CLIP_VOCAB_SIZE",
-    "_bytes_to_unicode",
+    "bytes_to_unicode",
     "build_bert_tokenizer",
     "build_clip_tokenizer",
     "open_clip_bpe_path",
