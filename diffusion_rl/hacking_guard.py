@@ -38,7 +38,8 @@ all of them stop at the alarm's iteration holding the same weights (tests/test_h
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,20 @@ def check_gold_rewards(cfg: Any) -> None:
             raise UnknownRewardError(f"log.gold_rewards: {exc}") from None
 
 
+@dataclass(frozen=True)
+class GuardActions:
+    """What the guard may do to the run, given by the trainer (the guard never sees the trainer)."""
+
+    save: Callable[[Path], Any]  # write the training state to a checkpoint folder (every process calls it)
+    restore: Callable[[Path], None]  # load a checkpoint's weights, optimizer and EMA into the run (every process)
+    say: Callable[[str], None] = print  # one line to the user (the main process's)
+
+
 class HackingGuard:
     """Adds gold/*, guard/train_reward and hacking_alarm to an evaluation's metrics and acts on an alarm."""
 
-    def __init__(self, cfg: Any, n_eval_prompts: int) -> None:
+    def __init__(self, cfg: Any, n_eval_prompts: int, out_dir: Path | None = None,
+                 actions: GuardActions | None = None) -> None:
         if cfg.log.gold_rewards and n_eval_prompts == 0:
             raise ConfigError(f"log.gold_rewards {cfg.log.gold_rewards} are scored on the evaluation samples, but "
                               "prompts.eval is empty; give held-out prompts or leave log.gold_rewards empty")
@@ -124,6 +135,10 @@ class HackingGuard:
         self.gold = list(cfg.log.gold_rewards)
         self.mode = cfg.train.hacking_guard
         self.stopped = False  # set on an alarm in 'stop' / 'rollback' mode: the trainer ends the run
+        self.out_dir, self.actions = out_dir, actions
+        if self.mode != "off" and self.gold and (out_dir is None or actions is None):
+            raise ConfigError(f"train.hacking_guard={self.mode!r} keeps and restores the best-by-gold checkpoint: "
+                              "the guard needs the run's output folder and actions")
 
     @property
     def active(self) -> bool:
@@ -136,9 +151,9 @@ class HackingGuard:
                 return
             yield it
 
-    def observe(self, trainer: Any, out: dict[str, float]) -> dict[str, float]:
-        """`out` (one evaluation's metrics at `trainer.iteration`) with the monitor's metrics; may save the
-        best-by-gold checkpoint, and on an alarm warn, stop or roll back."""
+    def observe(self, out: dict[str, float], iteration: int, history: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """`out` (one evaluation's metrics at `iteration`, after the logged `history`) with the monitor's
+        metrics; may save the best-by-gold checkpoint, and on an alarm warn, stop or roll back."""
         if not self.active or not out:
             return out
         for suffix in ("", "_se"):
@@ -153,12 +168,13 @@ class HackingGuard:
             out["guard/train_reward"] = sum(w * out[f"eval/{n}"] for n, w in weights.items())
         if self.mode == "off":
             return out
-        past = [h for h in trainer.history if "guard/train_reward" in h]
-        points = [*past, {"iteration": trainer.iteration, **out}]
+        assert self.actions is not None and self.out_dir is not None  # checked in __init__
+        past = [h for h in history if "guard/train_reward" in h]
+        points = [*past, {"iteration": iteration, **out}]
         first = f"gold/{self.gold[0]}"
         best = max((h for h in past if first in h), key=lambda h: h[first], default=None)
         if first in out and (best is None or out[first] > best[first]):
-            trainer.save_checkpoint(self.best_path(trainer.out_dir))
+            self.actions.save(self.best_path(self.out_dir))
             best = points[-1]
         if best is not None:
             out["guard/best_iteration"] = float(best["iteration"])
@@ -169,25 +185,17 @@ class HackingGuard:
         out["hacking_alarm"] = float(bool(falling))
         if not falling:
             return out
-        trainer.accelerator.print(
-            f"reward-hacking alarm at iteration {trainer.iteration}: the training reward rose over the last "
+        self.actions.say(
+            f"reward-hacking alarm at iteration {iteration}: the training reward rose over the last "
             f"{self.cfg.train.hacking_window} evaluations while {', '.join(falling)} fell by more than "
             f"{self.cfg.train.hacking_tolerance:g} ({self.mode})")
         if self.mode in ("stop", "rollback"):
             self.stopped = True
         if self.mode == "rollback" and best is not None:
-            self.rollback(trainer)
+            self.actions.restore(self.best_path(self.out_dir))
             out["guard/rolled_back_to"] = float(best["iteration"])
         return out
 
     @staticmethod
     def best_path(out_dir: Path) -> Path:
         return Path(out_dir) / "checkpoints" / BEST_CHECKPOINT
-
-    def rollback(self, trainer: Any) -> None:
-        """Load the best-by-gold checkpoint's weights, optimizer and EMA into the run (every process reads it)."""
-        from diffusion_rl import checkpointing
-
-        path = self.best_path(trainer.out_dir)
-        trainer.accelerator.wait_for_everyone()
-        checkpointing.restore(path, checkpointing.read_checkpoint(path), trainer.policy, trainer.algorithm)

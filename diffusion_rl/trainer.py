@@ -85,7 +85,9 @@ class Trainer:
         self.policy = Policy(cfg, self.adapter, acc)
         self.trainable, self.ema = self.policy.trainable, self.policy.ema
         check_sharded_evaluation(cfg, len(self.eval_prompts), self.policy.sharded, acc.num_processes)
-        self.probe, self.guard = Probe(cfg.train), hacking_guard.HackingGuard(cfg, len(self.eval_prompts))
+        self.probe = Probe(cfg.train)
+        self.guard = hacking_guard.HackingGuard(cfg, len(self.eval_prompts), self.out_dir, hacking_guard.GuardActions(
+            save=self.save_checkpoint, restore=self.restore_weights, say=acc.print))
         self._embed_cache: dict[str, PromptEmbeds] = {}
         self._truncation = TruncationNotice()  # one line per run, not one diffusers warning per prompt
         self.iteration = 0
@@ -303,7 +305,7 @@ class Trainer:
         out = evaluate(self.cfg, self.policy, self.adapter, self.kernel, self.eval_prompts, self.rewards.eval,
                        self.embeds_for, self.out_dir / f"eval_grid{tag}.png")
         reporting.log_image(self.accelerator, "eval/samples", self.out_dir / f"eval_grid{tag}.png", self.iteration)
-        return self.guard.observe(self, out)  # gold rewards, diversity, the reward-hacking alarm
+        return self.guard.observe(out, self.iteration, self.history)  # gold, diversity, the hacking alarm
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
@@ -327,6 +329,12 @@ class Trainer:
             checkpointing.write_checkpoint(state, path)
         self.accelerator.wait_for_everyone()
         return path
+
+    def restore_weights(self, path: Path) -> None:
+        """Load a checkpoint's weights, optimizer and EMA into the run (every process reads it); the iteration
+        count and history go on (the hacking guard's rollback)."""
+        self.accelerator.wait_for_everyone()
+        checkpointing.restore(path, checkpointing.read_checkpoint(path), self.policy, self.algorithm)
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
         """Continue from a checkpoint (`checkpointing.find_resume`); nothing is unpickled: safetensors and JSON."""

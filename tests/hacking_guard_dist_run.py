@@ -19,6 +19,7 @@ Each process writes, under OUT:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -30,7 +31,6 @@ from safetensors.torch import save_file
 
 from diffusion_rl import checkpointing
 from diffusion_rl.config import load_config
-from diffusion_rl.hacking_guard import HackingGuard
 from diffusion_rl.trainer import Trainer
 from mmreward.models.mock import MockReward
 from mmreward.registry import RewardSpec, register_reward
@@ -83,13 +83,13 @@ def main(config: str, out: str) -> None:
         return real_write(state, path)
 
     checkpointing.write_checkpoint = recording_write  # the trainer calls it through the module
-    real_rollback = HackingGuard.rollback
+    real_restore = trainer.guard.actions.restore
 
-    def recording_rollback(self: HackingGuard, tr: Trainer) -> None:
-        save_file(_trained(tr), str(Path(out) / f"rank{rank}_before.safetensors"))
-        real_rollback(self, tr)
+    def recording_restore(path: Path) -> None:  # the guard's rollback action, as the trainer gave it
+        save_file(_trained(trainer), str(Path(out) / f"rank{rank}_before.safetensors"))
+        real_restore(path)
 
-    HackingGuard.rollback = recording_rollback  # type: ignore[method-assign]
+    trainer.guard.actions = dataclasses.replace(trainer.guard.actions, restore=recording_restore)
     hist = trainer.fit()
     save_file(_trained(trainer), str(Path(out) / f"rank{rank}_final.safetensors"))
     record = {"iteration": trainer.iteration, "stopped": trainer.guard.stopped, "writes": writes,
