@@ -11,10 +11,9 @@ from diffusion_rl.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
-def sd3(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    return str(save_tiny_pipeline("sd3", tmp_path_factory.mktemp("trunc") / "sd3"))
+def sd3(tiny_pipeline_dir):
+    """The session's tiny SD3 pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return str(tiny_pipeline_dir("sd3"))
 
 
 def test_truncations_are_reported_once_per_run(sd3, tmp_path, capfd):
