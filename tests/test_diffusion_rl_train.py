@@ -24,11 +24,9 @@ PROMPTS = ["a red circle", "a blue square", "a green star"]
 
 
 @pytest.fixture(scope="module")
-def pipes(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    root = tmp_path_factory.mktemp("drl_train_pipes")
-    return {k: str(save_tiny_pipeline(k, root / k)) for k in ("sd", "sd3", "flux")}
+def pipes(tiny_pipeline_dir):
+    """The session's tiny SD, SD3 and FLUX pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return {k: str(tiny_pipeline_dir(k)) for k in ("sd", "sd3", "flux")}
 
 
 def _cfg(pipe_dir: str, kind: str, algo: str, out: Path, **train) -> dict:
