@@ -30,11 +30,9 @@ MOVED = 1e-3  # the least max |diff| that counts as "a different model" on a [0,
 
 
 @pytest.fixture(scope="module")
-def pipes(tmp_path_factory) -> dict[str, str]:
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    root = tmp_path_factory.mktemp("export_pipes")
-    return {k: str(save_tiny_pipeline(k, root / k)) for k in KINDS}
+def pipes(tiny_pipeline_dir) -> dict[str, str]:
+    """The session's tiny pipelines pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return {k: str(tiny_pipeline_dir(k)) for k in KINDS}
 
 
 def _flow(kind: str) -> bool:
