@@ -168,11 +168,9 @@ def test_memory_keys_are_typed_and_documented():
 # 2 and 3: gradient checkpointing and trajectory offloading in training
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def pipe_dirs(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    root = tmp_path_factory.mktemp("vmem_pipes")
-    return {k: str(save_tiny_pipeline(k, root / k)) for k in ("wan", "sd3")}
+def pipe_dirs(tiny_pipeline_dir):
+    """The session's tiny Wan and SD3 pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return {k: str(tiny_pipeline_dir(k)) for k in ("wan", "sd3")}
 
 
 def _cfg(pipe_dirs, kind: str, out, model: dict | None = None, sample: dict | None = None):
