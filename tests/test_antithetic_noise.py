@@ -37,10 +37,9 @@ def _cfg(pipe_dir: str, out, **sample) -> dict:
 
 
 @pytest.fixture(scope="module")
-def wan_dir(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    return str(save_tiny_pipeline("wan", tmp_path_factory.mktemp("anti_wan") / "wan"))
+def wan_dir(tiny_pipeline_dir):
+    """The session's tiny Wan pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return str(tiny_pipeline_dir("wan"))
 
 
 def test_antithetic_rollout_mirrors_each_pair_about_its_shared_mean(wan_dir, tmp_path):
