@@ -231,10 +231,9 @@ def test_save_clip_falls_back_to_gif_without_an_encoder_or_with_odd_sides(tmp_pa
 
 # -- command line ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def wan_dir(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    return str(save_tiny_pipeline("wan", tmp_path_factory.mktemp("wan_pipe") / "wan"))
+def wan_dir(tiny_pipeline_dir):
+    """The session's tiny Wan pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return str(tiny_pipeline_dir("wan"))
 
 
 def test_cli_best_of_n_on_a_video_pipeline_writes_clips(wan_dir, tmp_path, capsys):
