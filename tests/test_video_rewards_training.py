@@ -128,10 +128,9 @@ def _wan_cfg(pipe_dir: str, out, reward: dict, **train) -> dict:
 
 
 @pytest.fixture(scope="module")
-def wan_dir(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    return str(save_tiny_pipeline("wan", tmp_path_factory.mktemp("vr_wan") / "wan"))
+def wan_dir(tiny_pipeline_dir):
+    """The session's tiny Wan pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return str(tiny_pipeline_dir("wan"))
 
 
 def _motion(videos: torch.Tensor) -> torch.Tensor:
