@@ -213,11 +213,9 @@ def test_ltx_bad_frame_counts_and_resolutions_are_config_errors(ltx_pipe):
 # one GRPO iteration through the trainer, each family loaded from its saved folder
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def pipe_dirs(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    root = tmp_path_factory.mktemp("video_adapter_pipes")
-    return {k: str(save_tiny_pipeline(k, root / k)) for k in ("cogvideox", "ltx")}
+def pipe_dirs(tiny_pipeline_dir):
+    """The session's tiny CogVideoX and LTX pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return {k: str(tiny_pipeline_dir(k)) for k in ("cogvideox", "ltx")}
 
 
 def test_config_check_names_the_video_families_and_noise_optimisation_refuses_them(pipe_dirs, cog_pipe, ltx_pipe,
