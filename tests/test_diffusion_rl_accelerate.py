@@ -24,10 +24,9 @@ PROMPTS = ["a red circle", "a blue square", "a green star"]
 
 
 @pytest.fixture(scope="module")
-def sd3(tmp_path_factory):
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
-    return str(save_tiny_pipeline("sd3", tmp_path_factory.mktemp("drl_acc") / "sd3"))
+def sd3(tiny_pipeline_dir):
+    """The session's tiny SD3 pipeline (conftest.tiny_pipeline_dir: built once per worker, shared read-only)."""
+    return str(tiny_pipeline_dir("sd3"))
 
 
 def _cfg(pipe: str, out: Path, **train) -> dict:
