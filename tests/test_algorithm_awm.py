@@ -1,14 +1,21 @@
 """AWM: the clipped advantage-weighted matching loss equals Flow-Factory's AWM trainer transcribed
 (X-GenGroup/Flow-Factory@a0b2bc5 src/flow_factory/trainers/awm.py: `compute_weighted_log_prob` with 'Uniform'
 weighting and the PPO-style loss of `optimize`), zero advantages give zero gradient, at ratio 1 the gradient is
-that of mean A ||v - (eps - x0)||^2, and one iteration on the tiny SD3 pipeline trains the LoRA."""
+that of mean A ||v - (eps - x0)||^2, one iteration on tiny SD3, FLUX and Wan pipelines trains the LoRA with the
+logged loss equal to -mean(clip(A)) recomputed from the sampled advantages, a resumed run equals an uninterrupted one
+bit for bit, and 2 processes equal 1."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from parity_record import record_parity
 from tolerances import assert_close_scaled
@@ -66,8 +73,8 @@ def test_zero_advantages_give_zero_gradient_and_ratio_one_gives_weighted_matchin
     assert_close_scaled(v.grad, expected, rel=1e-5)
 
 
-def _awm_config(kind, tmp_path, tiny_pipeline_dir, **train):
-    return from_dict({
+def _awm_dict(kind, tmp_path, tiny_pipeline_dir, **train):
+    return {
         "preset": "awm",
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 3, "group_size": 3, "prompts_per_iteration": 2, "batch_size": 6},
@@ -75,20 +82,123 @@ def _awm_config(kind, tmp_path, tiny_pipeline_dir, **train):
         "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, **train},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
-    })
+    }
 
 
-def test_one_awm_iteration_trains_the_tiny_sd3_lora(tmp_path, tiny_pipeline_dir):
-    from diffusion_rl.trainer import Trainer
+def _awm_config(kind, tmp_path, tiny_pipeline_dir, **train):
+    return from_dict(_awm_dict(kind, tmp_path, tiny_pipeline_dir, **train))
 
-    trainer = Trainer(_awm_config("sd3", tmp_path, tiny_pipeline_dir))
+
+def _spy_advantages(monkeypatch):
+    """The advantages AWM samples with (RankedSamplesMethod.sample goes through dpo.sample_and_rank)."""
+    from diffusion_rl.algorithms import dpo as ranked
+
+    seen, real_rank = [], ranked.sample_and_rank
+
+    def rank_spy(*args, **kwargs):
+        out = real_rank(*args, **kwargs)
+        seen.append(out[2].clone())
+        return out
+
+    monkeypatch.setattr(ranked, "sample_and_rank", rank_spy)
+    return seen
+
+
+def _check_one_iteration(trainer, monkeypatch):
+    """One iteration trains the LoRA, and (one optimizer step, so every micro-batch is on-policy: r = 1, and the
+    LoRA starts at zero, so the KL term is 0) the logged loss is -mean(clip(A, -1, 1)) recomputed from the
+    advantages the samples were given."""
+    seen = _spy_advantages(monkeypatch)
     before = [p.detach().clone() for p in trainer.trainable]
     metrics = trainer.train_iteration(0)
     assert math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0
-    assert abs(metrics["awm/ratio"] - 1.0) < 1e-4  # one optimizer step: every micro-batch is on-policy
-    assert metrics["awm/kl"] == 0.0  # the LoRA starts at zero: the policy is the reference before the step
+    assert abs(metrics["awm/ratio"] - 1.0) < 1e-4
+    assert metrics["awm/kl"] == 0.0
     assert trainer.policy.steps == 1
+    (adv,) = seen
+    clipped = adv.double().clamp(-1.0, 1.0)
+    # the clip makes the mean non-zero (about 0.02 here), so the check below is not 0 == 0
+    assert abs(float(clipped.mean())) > 1e-3
+    # micro-batches of 2 of 6 rows: the mean of the chunk means is the mean over rows
+    assert metrics["train/loss"] == pytest.approx(float(-clipped.mean()), abs=1e-5)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
+    return metrics
+
+
+@pytest.mark.parametrize("kind", ["sd3", pytest.param("flux", marks=pytest.mark.slow)])
+def test_one_awm_iteration_trains_tiny_pipelines(kind, tmp_path, tiny_pipeline_dir, monkeypatch):
+    from diffusion_rl.trainer import Trainer
+
+    _check_one_iteration(Trainer(_awm_config(kind, tmp_path, tiny_pipeline_dir)), monkeypatch)
+
+
+@pytest.mark.slow
+def test_one_awm_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_dir, monkeypatch):
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _awm_config("wan", tmp_path, tiny_pipeline_dir)
+    cfg.model.height = cfg.model.width = 32
+    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    cfg.sample.group_size, cfg.sample.batch_size = 3, 6
+    trainer = Trainer(cfg)
+    _check_one_iteration(trainer, monkeypatch)
+    assert trainer.last_images.shape == (6, 9, 3, 32, 32)
+
+
+@pytest.mark.slow
+def test_interrupted_and_resumed_awm_run_equals_an_uninterrupted_one(tmp_path, tiny_pipeline_dir):
+    """1 iteration, checkpoint, resume for 1 more == 2 straight: parameters and every metric, bit for bit; two
+    minibatches, so the second step's ratio sees a moved policy."""
+    from diffusion_rl.trainer import Trainer
+
+    def without_times(history):
+        return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+    extra = {"num_minibatches": 2, "micro_batch_size": 3}
+    straight = Trainer(_awm_config("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2, **extra))
+    straight.fit()
+    first = Trainer(_awm_config("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=1, **extra))
+    first.fit()
+    ckpt = tmp_path / "b" / "sd3" / "checkpoints" / "iter_000001"
+    resumed = Trainer(_awm_config("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=2, resume_from=str(ckpt),
+                                  **extra))
+    assert resumed.iteration == 1
+    resumed.fit()
+    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
+        assert torch.equal(a, b)
+    assert without_times(resumed.history) == without_times(straight.history)
+    assert straight.history[-1]["train/grad_norm"] > 0 and straight.history[-1]["awm/kl"] > 0  # it moved
+
+
+@pytest.mark.slow
+def test_two_process_awm_equals_one_process(tmp_path, tiny_pipeline_dir):
+    """accelerate on CPU with 2 gloo processes (each holding whole groups) and the same global batch: the same
+    rewards, gradient norm and weights as one process."""
+    from diffusion_rl.checkpointing import read_checkpoint
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _awm_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir)
+    cfg["sample"]["prompts_per_iteration"] = 4
+    cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launcher = Path(sys.executable).parent / "accelerate"
+    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
+                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg["log"]["output_dir"] = str(tmp_path / "dp1")
+    one = Trainer(from_dict(cfg))
+    one.fit()
+    two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
+    h1, h2 = one.history[0], two["history"][0]
+    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
+    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
+    lr = cfg["train"]["learning_rate"]
+    for p in one.trainable:
+        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)
 
 
 def test_awm_preset_and_config_checks():
