@@ -145,8 +145,10 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path):
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    launcher = Path(sys.executable).parent / "accelerate"
-    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    # `accelerate launch` itself, through its module: the same parser and launch_command, without the accelerate
+    # CLI loading its other subcommands first (estimate-memory, config, ...: ~2x the launcher's start-up)
+    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+    proc = subprocess.run([*launcher, "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
                            "--config", str(path)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
