@@ -1,15 +1,21 @@
 """RAFT: the supervised loss equals the flow-matching loss of the LMFlow RAFT-diffusion fine-tuning script
 (OptimalScale/LMFlow@613bba0 experimental/RAFT-diffusion/train_text_to_image_lora.py: F.mse_loss(model_pred,
 target, reduction="mean"), here with the flow target noise - x_0), top-k selection on a hand-built reward
-table, one iteration on tiny SD3 and FLUX pipelines trains the LoRA on the winners only."""
+table, one iteration on tiny SD3, FLUX and Wan pipelines trains the LoRA on the winners only, a resumed run equals
+an uninterrupted one bit for bit, and 2 processes equal 1."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tolerances import assert_close_scaled
 
@@ -35,8 +41,8 @@ def test_top_k_per_group_on_a_hand_built_reward_table():
     assert top_k_per_group(scores, groups, 3).tolist() == [1, 3, 0, 7, 4, 5, 8, 9, 10]
 
 
-def _raft_config(kind, tmp_path, tiny_pipeline_dir, **train):
-    return from_dict({
+def _raft_dict(kind, tmp_path, tiny_pipeline_dir, **train):
+    return {
         "preset": "raft",
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 3, "group_size": 3, "prompts_per_iteration": 2, "batch_size": 6},
@@ -44,7 +50,11 @@ def _raft_config(kind, tmp_path, tiny_pipeline_dir, **train):
         "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "num_inner_epochs": 2, **train},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
-    })
+    }
+
+
+def _raft_config(kind, tmp_path, tiny_pipeline_dir, **train):
+    return from_dict(_raft_dict(kind, tmp_path, tiny_pipeline_dir, **train))
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
@@ -129,3 +139,35 @@ def test_one_raft_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline
     assert metrics["raft/winners"] == 2.0 and math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
     assert trainer.last_images.shape == (4, 9, 3, 32, 32)
+
+
+@pytest.mark.slow
+def test_two_process_raft_equals_one_process(tmp_path, tiny_pipeline_dir):
+    """accelerate on CPU with 2 gloo processes (each holding whole groups, so its own winners) and the same global
+    batch: the same rewards, winner count, gradient norm and weights as one process."""
+    from diffusion_rl.checkpointing import read_checkpoint
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _raft_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, num_inner_epochs=1)
+    cfg["sample"]["prompts_per_iteration"] = 4
+    cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launcher = Path(sys.executable).parent / "accelerate"
+    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
+                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg["log"]["output_dir"] = str(tmp_path / "dp1")
+    one = Trainer(from_dict(cfg))
+    one.fit()
+    two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
+    h1, h2 = one.history[0], two["history"][0]
+    assert h1["raft/winners"] == h2["raft/winners"] == 4.0  # the best of each of the 4 groups, over both processes
+    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
+    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
+    lr = cfg["train"]["learning_rate"]
+    for p in one.trainable:
+        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)
