@@ -36,12 +36,11 @@ def _cfg(pipe: str, out: Path, **train) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One trained iteration (so the optimizer has moments) and its checkpoint."""
-    from mmreward.testing.tiny_models import save_tiny_pipeline
-
+def run(tmp_path_factory, tiny_pipeline_dir):
+    """One trained iteration (so the optimizer has moments) and its checkpoint; the session's tiny SD3 pipeline
+    (conftest.tiny_pipeline_dir: built once per worker, used read-only)."""
     root = tmp_path_factory.mktemp("resume_validation")
-    pipe = str(save_tiny_pipeline("sd3", root / "pipe"))
+    pipe = str(tiny_pipeline_dir("sd3"))
     Trainer(from_dict(_cfg(pipe, root / "run"))).fit()
     return pipe, root / "run" / "checkpoints" / "iter_000001"
 
