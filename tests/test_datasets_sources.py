@@ -244,15 +244,14 @@ def test_pick_a_pic_columns_and_bad_columns(tmp_path, datasets_cache):
         read_pairs(str(tmp_path / "bad"))
 
 
-def test_trainer_passes_prompt_metadata_to_rewards_that_read_it(tmp_path):
+def test_trainer_passes_prompt_metadata_to_rewards_that_read_it(tmp_path, tiny_pipeline_dir):
     from diffusion_rl.config import from_dict
     from diffusion_rl.trainer import Trainer
-    from mmreward.testing.tiny_models import save_tiny_pipeline
 
     rows = [{"prompt": "a red circle", "value": 1}, {"prompt": "a blue square", "value": 2},
             {"prompt": "a green star", "value": 3}]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    pipe = save_tiny_pipeline("sd3", tmp_path / "sd3")
+    pipe = tiny_pipeline_dir("sd3")  # the session's (built once per worker, used read-only)
     cfg = from_dict({
         "model": {"pretrained": str(pipe), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4,
                   "max_sequence_length": 8},
