@@ -3,16 +3,22 @@
 makes), Direct-Align's recovery equals the lines of Tencent-Hunyuan/SRPO@69e8e817c3afd8e849827a97b8b7e612c3f60726
 fastvideo/SRPO_Qwen.py transcribed, the loss is ReFL.py's `F.relu(-rewards + 2) * grad_scale`, the grad step is drawn from 30..39 of 40,
 gradients reach the weights only through the selected step, one trainer iteration trains the LoRA of tiny SD
-(UNet, DDIM) and SD3 (flow) pipelines, and a resumed run equals an uninterrupted one bit for bit."""
+(UNet, DDIM), SD3, FLUX (flow) and Wan (video) pipelines with the logged reward and loss recomputed by hand from
+the returned predictions, a resumed run equals an uninterrupted one bit for bit, and 2 processes equal 1."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tolerances import assert_close_scaled
 
@@ -163,9 +169,9 @@ def test_gradient_reaches_the_weights_only_through_the_selected_step(kind, kerne
         sample_one_step_x0(adapter, model, emb, [0, 1], [0, 1], grad_step=4, **kw)
 
 
-def _refl_config(kind, tmp_path, tiny_pipeline_dir, **train):
+def _refl_dict(kind, tmp_path, tiny_pipeline_dir, **train):
     kernel = "ddim" if kind == "sd" else "ode"
-    return from_dict({
+    return {
         "preset": "refl",
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora": True, "lora_rank": 4,
                   "lora_alpha": 4},
@@ -175,23 +181,56 @@ def _refl_config(kind, tmp_path, tiny_pipeline_dir, **train):
         "train": {"iterations": 1, "learning_rate": 1e-2, "refl_scale": 1.0, **train},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
-    })
+    }
 
 
-@pytest.mark.parametrize("kind", ["sd", "sd3"])
+def _refl_config(kind, tmp_path, tiny_pipeline_dir, **train):
+    return from_dict(_refl_dict(kind, tmp_path, tiny_pipeline_dir, **train))
+
+
+def _mock_by_hand(prompts, images):
+    """mmreward's mock reward recomputed: -mean((pixel - colour named in the prompt)^2), per sample."""
+    colours = {"red": (1.0, 0.0, 0.0), "blue": (0.0, 0.0, 1.0), "green": (0.0, 1.0, 0.0), "yellow": (1.0, 1.0, 0.0)}
+    target = torch.tensor([next(colours[w] for w in p.split() if w in colours) for p in prompts], dtype=torch.float64)
+    target = target.view(len(prompts), *([1] * (images.ndim - 4)), 3, 1, 1)
+    return -((images.double() - target) ** 2).flatten(1).mean(dim=1)
+
+
+def _check_one_iteration(trainer, shape):
+    """One iteration trains the LoRA; the logged reward is the mock reward recomputed by hand on the returned
+    one-step predictions, and the loss is ReFL.py's relu(2 - r) (scale 1) of that reward."""
+    before = [p.detach().clone() for p in trainer.trainable]
+    metrics = trainer.train_iteration(0)
+    assert metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.trainable, strict=True))
+    assert trainer.last_images.shape == shape
+    _, prompts, _, _ = trainer.local_prompts(0)
+    r = _mock_by_hand(prompts, trainer.last_images)
+    assert math.isfinite(metrics["reward/mock"])
+    assert metrics["reward/mock"] == pytest.approx(float(r.mean()), rel=1e-5)
+    assert metrics["train/loss"] == pytest.approx(float(torch.relu(2.0 - r).mean()), rel=1e-5)
+    return metrics
+
+
+@pytest.mark.parametrize("kind", ["sd", "sd3", pytest.param("flux", marks=pytest.mark.slow)])
 def test_one_refl_iteration_updates_lora_weights(kind, tmp_path, tiny_pipeline_dir):
     from diffusion_rl.trainer import Trainer
 
     trainer = Trainer(_refl_config(kind, tmp_path, tiny_pipeline_dir))
     assert isinstance(trainer.algorithm, ReFL)
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
+    metrics = _check_one_iteration(trainer, (4, 3, 16, 16))
     assert metrics["train/grad_step"] in (3.0,)  # [floor(0.75 * 4), ceil(4) - 1] = {3}
-    assert metrics["train/grad_norm"] > 0
-    # the mock reward is below the margin 2, so relu is the identity: loss = 2 - mean reward (scale 1)
-    assert metrics["train/loss"] == pytest.approx(2.0 - metrics["reward/mock"], rel=1e-5)
-    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.trainable, strict=True))
-    assert trainer.last_images.shape == (4, 3, 16, 16)
+
+
+@pytest.mark.slow
+def test_one_refl_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_dir):
+    """Wan decodes differentiably (keep_graph): ReFL's reward gradient reaches the LoRA through the video VAE."""
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _refl_config("wan", tmp_path, tiny_pipeline_dir)
+    cfg.model.height = cfg.model.width = 32
+    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    _check_one_iteration(Trainer(cfg), (4, 9, 3, 32, 32))
 
 
 def test_reward_independent_of_the_image_gives_zero_gradient(tmp_path, tiny_pipeline_dir):
@@ -305,8 +344,6 @@ def test_one_direct_align_iteration_updates_lora_weights(tmp_path, tiny_pipeline
 
 def test_diffusion_rl_train_runs_the_refl_preset(tmp_path, tiny_pipeline_dir):
     """`diffusion-rl train` with `preset: refl` (full UNet fine-tuning, DDIM eta 1) on a tiny SD, sizes shrunk."""
-    import yaml
-
     from diffusion_rl.cli import main
 
     path = tmp_path / "refl.yaml"
@@ -323,3 +360,37 @@ def test_diffusion_rl_train_runs_the_refl_preset(tmp_path, tiny_pipeline_dir):
     rows = [yaml.safe_load(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "train/loss" in r]
     assert len(trained) == 1 and trained[0]["train/grad_step"] == 3.0 and trained[0]["train/grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_two_process_refl_equals_one_process(tmp_path, tiny_pipeline_dir):
+    """accelerate on CPU with 2 gloo processes and the same global batch: the same grad step, rewards, gradient
+    norm and weights as one process (the loss is each process's own mean; DDP averages the gradients)."""
+    from diffusion_rl.checkpointing import read_checkpoint
+    from diffusion_rl.trainer import Trainer
+
+    cfg = _refl_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, refl_step_range=[0.0, 1.0])
+    cfg["sample"]["prompts_per_iteration"] = 4
+    cfg["sample"]["batch_size"] = 8
+    cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launcher = Path(sys.executable).parent / "accelerate"
+    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
+                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg["log"]["output_dir"] = str(tmp_path / "dp1")
+    one = Trainer(from_dict(cfg))
+    one.fit()
+    two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
+    h1, h2 = one.history[0], two["history"][0]
+    assert h1["train/grad_step"] == h2["train/grad_step"]
+    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
+    assert h2["reward/mock_std"] == pytest.approx(h1["reward/mock_std"], rel=1e-5, abs=1e-6)
+    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
+    lr = cfg["train"]["learning_rate"]
+    for p in one.trainable:
+        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)
