@@ -29,13 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from diffusion_rl.config import SampleConfig
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds, Schedule
-from diffusion_rl.rollout import Trajectory, kernel_for, rollout, sde_steps_mask
+from diffusion_rl.rollout import SamplingOptions, Trajectory, kernel_for, rollout, sde_steps_mask
 from mmreward.errors import ConfigError
 
 
@@ -77,14 +78,15 @@ def step_weights(sample: SampleConfig, noise_aware: bool, adapter: PipelineAdapt
 
 @torch.no_grad()
 def branched_rollout(adapter: PipelineAdapter, embeds: PromptEmbeds, prompt_ids: Sequence[int] | torch.Tensor,
-                     sample_ids: Sequence[int] | torch.Tensor, *, num_steps: int, sde_steps: Sequence[int] | None,
-                     share_initial_noise: bool, store_means: bool = False, decode: bool = True,
-                     **kwargs) -> Trajectory:
+                     sample_ids: Sequence[int] | torch.Tensor, options: SamplingOptions | None = None, *,
+                     decode: bool = True, model: torch.nn.Module | None = None, **sampling: Any) -> Trajectory:
     """`rollout` with the ODE prefix shared by each group (consecutive rows with the same prompt id): the prefix
-    x_T -> x_k runs once per group, the SDE step k and the ODE suffix once per sample. `sde_steps` must be the
-    one branching step k; the other arguments are `rollout`'s. Equal to `rollout(..., sde_steps=[k],
+    x_T -> x_k runs once per group, the SDE step k and the ODE suffix once per sample. `options.sde_steps` must be
+    the one branching step k; the other arguments are `rollout`'s. Equal to `rollout(..., sde_steps=[k],
     share_initial_noise=True)` up to float batch effects, with k (G - 1) fewer model calls per group of G."""
-    if not share_initial_noise:
+    options = SamplingOptions(**sampling) if options is None else replace(options, **sampling)
+    num_steps, sde_steps = options.num_steps, options.sde_steps
+    if not options.share_initial_noise:
         raise ConfigError("sample.branching grows a group's branches from one initial noise (the seed group): set "
                           "sample.share_initial_noise: true")
     mask = sde_steps_mask(num_steps, sde_steps)
@@ -95,18 +97,18 @@ def branched_rollout(adapter: PipelineAdapter, embeds: PromptEmbeds, prompt_ids:
     pids = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()
     _, inverse, counts = torch.unique_consecutive(pids, return_inverse=True, return_counts=True)
     first = torch.cumsum(counts, 0) - counts  # the first row of each group stands for the group in the prefix
-    common = dict(num_steps=num_steps, sde_steps=[k], share_initial_noise=True, store_means=store_means, **kwargs)
+    common = replace(options, sde_steps=[k], share_initial_noise=True)
     init = None
     if k > 0:
-        prefix = rollout(adapter, embeds.index(first), pids[first], torch.zeros(len(first), dtype=torch.long),
-                         decode=False, step_range=(0, k), **common)
+        prefix = rollout(adapter, embeds.index(first), pids[first], torch.zeros(len(first), dtype=torch.long), common,
+                         model=model, decode=False, step_range=(0, k))
         init = prefix.latents[inverse, -1]
-    suffix = rollout(adapter, embeds, pids, sample_ids, decode=decode, init_latents=init, step_range=(k, num_steps),
-                     **common)
+    suffix = rollout(adapter, embeds, pids, sample_ids, common, model=model, decode=decode, init_latents=init,
+                     step_range=(k, num_steps))
     if k == 0:
         return replace(suffix, sde_mask=mask)
     means = None
-    if store_means:
+    if options.store_means:
         means = torch.cat([prefix.means[inverse], suffix.means], dim=1)
     return replace(suffix, latents=torch.cat([prefix.latents[inverse], suffix.latents[:, 1:]], dim=1),
                    log_probs=torch.cat([prefix.log_probs[inverse], suffix.log_probs], dim=1), means=means)

@@ -13,7 +13,8 @@ share noise by accident.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -131,7 +132,79 @@ def step_noise(shape: Sequence[int], seed: int, epoch: int, pids: list[int], sid
     return noise * sign.view(-1, *([1] * (noise.ndim - 1)))
 
 
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a rollout samples, as one object: steps, guidance, kernel, which steps are stochastic, the noise counters
+    and the memory knobs. `SamplingOptions.for_run` builds it from a run config; `rollout` takes it (or the same
+    names as keywords)."""
+
+    num_steps: int
+    guidance_scale: float
+    kernel: Kernel
+    sde_steps: Sequence[int] | None = None
+    seed: int = 0
+    epoch: int = 0
+    share_initial_noise: bool = False
+    store_means: bool = False
+    ode_solver: str = "euler"
+    decode_chunk_size: int | None = None
+    offload: bool = False
+    antithetic: bool = False
+
+    @classmethod
+    def for_run(cls, sample_cfg: Any, adapter: PipelineAdapter, kernel: Kernel, *, seed: int, epoch: int,
+                sde_steps: Sequence[int] | None = None, store_means: bool = False) -> SamplingOptions:
+        """A training rollout of a run: `sample.*` settings, the memory defaults resolved for `adapter`."""
+        from diffusion_rl.memory_settings import rollout_kwargs
+
+        return cls(num_steps=sample_cfg.num_steps, guidance_scale=sample_cfg.guidance_scale, kernel=kernel,
+                   sde_steps=sde_steps, seed=seed, epoch=epoch, share_initial_noise=sample_cfg.share_initial_noise,
+                   store_means=store_means, ode_solver=sample_cfg.ode_solver,
+                   antithetic=sample_cfg.antithetic_noise, **rollout_kwargs(sample_cfg, adapter))
+
+
 def rollout(
+    adapter: PipelineAdapter,
+    embeds: PromptEmbeds,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    sample_ids: Sequence[int] | torch.Tensor,
+    options: SamplingOptions | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    decode: bool = True,
+    progress: bool = False,
+    init_latents: torch.Tensor | None = None,
+    step_range: tuple[int, int] | None = None,
+    **sampling: Any,
+) -> Trajectory:
+    """Sample one trajectory per row of `embeds`, as `options` says (or the `SamplingOptions` fields given as
+    keywords, which also override single fields of `options`).
+
+    `prompt_ids`/`sample_ids` are the counters of the noise (see module docstring); with
+    `share_initial_noise` every sample of a prompt starts from the same x_T (sample id 0), as DanceGRPO's
+    `init_same_noise`, while the per-step SDE noise stays distinct. `model` defaults to the pipeline's
+    denoiser (pass the wrapped training model to sample from the current policy). `ode_solver` 'dpm2' takes
+    the deterministic steps after the last SDE step with DPM-Solver++ 2M (MixGRPO's higher-order ODE part;
+    flow models only); the steps before and in the window, and so every trained log-prob, are unchanged.
+
+    Memory (`diffusion_rl.memory_settings`): the VAE decodes `decode_chunk_size` samples at a time (None: one clip for
+    video pipelines, the whole batch for images); with `offload` every stored tensor (the per-step latents,
+    log-probs and means, and the decoded samples) goes to CPU memory as soon as it is made, so the device holds
+    only the current state and one decode chunk. Neither changes a value.
+    `step_range` (start, stop) takes only those steps, from `init_latents` (default: the x_T above) — the
+    pieces of a branched rollout (`diffusion_rl.branching`); latents and log-probs then cover just those steps.
+    `antithetic` mirrors the SDE noise: sample 2k+1 takes minus sample 2k's noise at every SDE step (each sample
+    is still marginally a draw of the policy, so the gradient stays unbiased and each log-prob is unchanged).
+    """
+    if options is None:
+        options = SamplingOptions(**sampling)
+    elif sampling:
+        options = replace(options, **sampling)
+    return _rollout(adapter, embeds, prompt_ids, sample_ids, **{f.name: getattr(options, f.name) for f in fields(options)},
+                    model=model, decode=decode, progress=progress, init_latents=init_latents, step_range=step_range)
+
+
+def _rollout(
     adapter: PipelineAdapter,
     embeds: PromptEmbeds,
     prompt_ids: Sequence[int] | torch.Tensor,
@@ -155,24 +228,6 @@ def rollout(
     step_range: tuple[int, int] | None = None,
     antithetic: bool = False,
 ) -> Trajectory:
-    """Sample one trajectory per row of `embeds`.
-
-    `prompt_ids`/`sample_ids` are the counters of the noise (see module docstring); with
-    `share_initial_noise` every sample of a prompt starts from the same x_T (sample id 0), as DanceGRPO's
-    `init_same_noise`, while the per-step SDE noise stays distinct. `model` defaults to the pipeline's
-    denoiser (pass the wrapped training model to sample from the current policy). `ode_solver` 'dpm2' takes
-    the deterministic steps after the last SDE step with DPM-Solver++ 2M (MixGRPO's higher-order ODE part;
-    flow models only); the steps before and in the window, and so every trained log-prob, are unchanged.
-
-    Memory (`diffusion_rl.memory_settings`): the VAE decodes `decode_chunk_size` samples at a time (None: one clip for
-    video pipelines, the whole batch for images); with `offload` every stored tensor (the per-step latents,
-    log-probs and means, and the decoded samples) goes to CPU memory as soon as it is made, so the device holds
-    only the current state and one decode chunk. Neither changes a value.
-    `step_range` (start, stop) takes only those steps, from `init_latents` (default: the x_T above) — the
-    pieces of a branched rollout (`diffusion_rl.branching`); latents and log-probs then cover just those steps.
-    `antithetic` mirrors the SDE noise: sample 2k+1 takes minus sample 2k's noise at every SDE step (each sample
-    is still marginally a draw of the policy, so the gradient stays unbiased and each log-prob is unchanged).
-    """
     if num_steps < 1:
         raise ConfigError(f"num_steps must be >= 1, got {num_steps}")
     model = model if model is not None else adapter.denoiser

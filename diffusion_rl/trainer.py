@@ -46,7 +46,7 @@ from diffusion_rl.pipelines import PromptEmbeds, adapter_for_config, check_rewar
 from diffusion_rl.policy import Policy
 from diffusion_rl.ratio_probe import Probe
 from diffusion_rl.rewards import RolloutScorer, load_run_rewards
-from diffusion_rl.rollout import RolloutBatch, Trajectory, rollout, step_log_prob
+from diffusion_rl.rollout import RolloutBatch, SamplingOptions, Trajectory, rollout, step_log_prob
 from diffusion_rl.truncation_notice import TruncationNotice
 from mmreward.errors import ConfigError
 
@@ -130,16 +130,14 @@ class Trainer:
         slot_prompts, prompts, slots, sample_ids = self.local_prompts(it)
         embeds, sde = self.embeds_for(prompts), sample_assignment.sde_steps(cfg.sample, cfg.train.seed, it)
         model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
+        options = SamplingOptions.for_run(cfg.sample, self.adapter, self.kernel, seed=cfg.train.seed, epoch=it,
+                                          sde_steps=sde, store_means=uses_ratio_norm(cfg.train))
+        sample = branching.branched_rollout if cfg.sample.branching else rollout
         parts, scoring = [], self.scorer.begin()
         for start in range(0, len(slots), cfg.sample.batch_size):
             sl = slice(start, start + cfg.sample.batch_size)
             with acc.autocast(), scoring.cancel_on_error():
-                parts.append((branching.branched_rollout if cfg.sample.branching else rollout)(
-                    self.adapter, embeds.index(sl), slots[sl], sample_ids[sl], num_steps=cfg.sample.num_steps,
-                    guidance_scale=cfg.sample.guidance_scale, kernel=self.kernel, sde_steps=sde, seed=cfg.train.seed,
-                    epoch=it, share_initial_noise=cfg.sample.share_initial_noise, model=model,
-                    store_means=uses_ratio_norm(cfg.train), ode_solver=cfg.sample.ode_solver, antithetic=cfg.sample.antithetic_noise,
-                    **memory_settings.rollout_kwargs(cfg.sample, self.adapter)))
+                parts.append(sample(self.adapter, embeds.index(sl), slots[sl], sample_ids[sl], options, model=model))
             scoring.submit(prompts[sl], parts[-1].images)  # scored now, or (overlap) while the next chunk rolls out
         traj = Trajectory.cat(parts)
         rewards = scoring.result(acc.device)
