@@ -1,7 +1,7 @@
 """GRPO on the ShapesWorld VQA world with TRL's own `GRPOTrainer` and mmreward rewards: the recipe that shows a
 tiny vision-language policy learning from our rewards on a CPU.
 
-    python -m vlm_rm.trl_shapes_vqa                          # mixed reward: shapes-vqa 1.0 + shapesworld-pref 0.5
+    python -m vlm_rm.trl_shapes_vqa                          # mixed reward: shapes-vqa 1.0 + shapesworld-pref 0.1
     python -m vlm_rm.trl_shapes_vqa --verifiable-weight 0    # the learned reward alone (does it hack?)
     python -m vlm_rm.trl_shapes_vqa --max-steps 2 --eval-questions 40   # a smoke run
 
@@ -18,9 +18,11 @@ What it does:
   held-out questions greedily and scores the answers with the gold checker *and* with the learned reward, so a
   learned reward that rises while gold accuracy does not shows up in the curve (metrics.json, curve.png).
 
-Held-out questions are the world's held-out split: every one involves a colour-shape pair (or a count of a
-shape) no training question does. Accuracy is greedy decoding scored by `shapes-vqa`; its standard error is
+The test questions are fresh training-distribution scenes (seed 1; SFT used seed 0, GRPO seed 100); the world's
+compositional held-out split (every question involves a colour-shape pair no training question does) is tracked
+beside them (`heldout_split_questions`). Accuracy is greedy decoding scored by `shapes-vqa`; its standard error is
 the binomial one, and the before/after difference also gets the paired standard error (same questions).
+Measured results, including that this recipe does not yet meet its +0.10 bar: docs/results/trl_shapes_vqa.md.
 """
 
 from __future__ import annotations
@@ -44,21 +46,25 @@ DEFAULT_POLICY = "mmreward-assets:shapesworld/vqa-policy"
 class RecipeConfig:
     policy: str = DEFAULT_POLICY
     out: str = "runs/trl_shapes_vqa"
-    max_steps: int = 120
+    max_steps: int = 100
     prompts_per_step: int = 16
     num_generations: int = 8
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-4
     temperature: float = 1.0
     max_completion_length: int = 3
     verifiable_weight: float = 1.0
-    learned_weight: float = 0.5
+    learned_weight: float = 0.1
     learned_reward: str = "shapesworld-pref"
-    train_questions: int = 4000
-    eval_questions: int = 500
+    train_questions: int = 1600
+    eval_questions: int = 300
     heldout_split_questions: int = 300
-    eval_every: int = 20
+    kinds: str = "count,color,shape,position,which"  # question kinds trained on and evaluated
+    eval_every: int = 10
     seed: int = 0
-    threads: int = 2
+    threads: int = 1
+
+    def kind_list(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
 
     def check(self) -> None:
         for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "train_questions",
@@ -71,6 +77,11 @@ class RecipeConfig:
         weights = (self.verifiable_weight, self.learned_weight)
         if any(not math.isfinite(w) or w < 0 for w in weights) or not any(weights):
             raise ConfigError(f"trl_shapes_vqa: reward weights must be finite, >= 0 and not both 0, got {weights}")
+        from mmreward.synthetic.build.train_vqa_policy import POLICY_KINDS
+
+        if not self.kind_list() or any(k not in POLICY_KINDS for k in self.kind_list()):
+            raise ConfigError(f"trl_shapes_vqa: kinds must be a comma-separated subset of {POLICY_KINDS}, "
+                              f"got {self.kinds!r}")
         if not (self.learning_rate > 0 and self.temperature > 0):
             raise ConfigError("trl_shapes_vqa: learning_rate and temperature must be > 0")
 
@@ -178,10 +189,10 @@ class GoldMonitor(_trainer_callback_base()):
 # the run
 # ----------------------------------------------------------------------------------------------
 def training_rows(cfg: RecipeConfig):
-    from mmreward.synthetic.build.train_vqa_policy import IMAGE_SIZE, POLICY_KINDS, render_items
+    from mmreward.synthetic.build.train_vqa_policy import IMAGE_SIZE, render_items
     from mmreward.synthetic.vqa import make_questions, to_trl_rows
 
-    items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=POLICY_KINDS)
+    items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=cfg.kind_list())
     return to_trl_rows(items, size=IMAGE_SIZE, answer_format=False, images=render_items(items)[0])
 
 
@@ -214,8 +225,9 @@ def build_trainer(cfg: RecipeConfig):
     torch.set_num_threads(cfg.threads)
     funcs, weights = reward_functions(cfg)
     learned_fn = learned_reward_function(cfg.learned_reward) if cfg.learned_weight > 0 else None
-    split = eval_items(cfg.heldout_split_questions, "heldout") if cfg.heldout_split_questions else ()
-    monitor = GoldMonitor(eval_items(cfg.eval_questions, "train"), learned_fn, cfg.eval_every, split)
+    kinds = cfg.kind_list()
+    split = eval_items(cfg.heldout_split_questions, "heldout", kinds=kinds) if cfg.heldout_split_questions else ()
+    monitor = GoldMonitor(eval_items(cfg.eval_questions, "train", kinds=kinds), learned_fn, cfg.eval_every, split)
     data = datasets.Dataset.from_list(training_rows(cfg))
     args = grpo_config(cfg)
     args.reward_weights = weights
@@ -322,6 +334,39 @@ def plot_curve(metrics: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def markdown_summary(metrics: dict[str, Any]) -> str:
+    """A results-page section of one run: before/after with SE, per kind, the curve and example answers."""
+    c, b, a = metrics["config"], metrics["before"], metrics["after"]
+    lines = [
+        f"Rewards: {', '.join(f'{n} x {w}' for n, w in zip(metrics['reward_funcs'], metrics['reward_weights']))}; "
+        f"{metrics['steps']} steps of {c['prompts_per_step']} prompts x {c['num_generations']} generations, "
+        f"lr {c['learning_rate']}, max_completion_length {c['max_completion_length']}; {metrics['wall_seconds'] / 60:.1f} "
+        f"min wall ({metrics['cpu_seconds'] / 60:.1f} min of CPU, {metrics['threads']} thread(s), load average at the "
+        f"end {metrics.get('load_average_at_end')}).",
+        "",
+        "| | before | after | gain |",
+        "|---|---|---|---|",
+        f"| test accuracy (n={metrics['n_eval']}) | {b['accuracy']:.3f} ± {b['se']:.3f} | {a['accuracy']:.3f} ± "
+        f"{a['se']:.3f} | {metrics['gain']:+.3f} ({metrics['gain_in_se']:+.1f} SE; paired SE "
+        f"{metrics['gain_paired_se']:.3f}) |",
+    ]
+    if metrics.get("heldout_split"):
+        h = metrics["heldout_split"]
+        lines.append(f"| compositional held-out split (n={h['n']}) | {h['before']:.3f} | {h['after']:.3f} | "
+                     f"{h['after'] - h['before']:+.3f} |")
+    lines += ["", "| kind | " + " | ".join(metrics["per_kind"]) + " |", "|---|" + "---|" * len(metrics["per_kind"]),
+              "| before | " + " | ".join(f"{v['before']:.2f}" for v in metrics["per_kind"].values()) + " |",
+              "| after | " + " | ".join(f"{v['after']:.2f}" for v in metrics["per_kind"].values()) + " |", "",
+              "| step | test gold accuracy | learned reward of the same answers | held-out split |", "|---|---|---|---|"]
+    for r in metrics["curve"]:
+        lines.append(f"| {r['step']} | {r['gold_accuracy']:.3f} ± {r['gold_se']:.3f} | {r.get('learned_reward', '-')} | "
+                     f"{r.get('heldout_split_accuracy', '-')} |")
+    lines += ["", "| question | truth | before | after |", "|---|---|---|---|"]
+    for e in metrics["examples"][:10]:
+        lines.append(f"| {e['question']} | {e['truth']} | {e['before'] or '(empty)'} | {e['after'] or '(empty)'} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
