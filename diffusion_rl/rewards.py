@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +66,10 @@ class RolloutScorer:
     advantages, hence every reward, of its own iteration's samples before the next rollout starts.
     """
 
-    def __init__(self, rewards: Mapping[str, Any], metadata: Any = None, *, overlap: bool = False) -> None:
-        self.rewards, self.metadata, self.overlap = rewards, metadata, overlap
+    def __init__(self, rewards: Mapping[str, Any] | Callable[[], Mapping[str, Any]], metadata: Any = None, *,
+                 overlap: bool = False) -> None:
+        # a callable is read at every chunk: the trainer passes its current rewards (a user may swap them)
+        self._rewards, self.metadata, self.overlap = rewards, metadata, overlap
         self._pool: ThreadPoolExecutor | None = None
         # seconds the last round held the trainer up: all of the scoring when synchronous, only the wait for
         # what the rollout did not hide when overlapped (the trainer logs it as time/reward_blocking_s)
@@ -84,6 +86,10 @@ class RolloutScorer:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    @property
+    def rewards(self) -> Mapping[str, Any]:
+        return self._rewards() if callable(self._rewards) else self._rewards
+
     def begin(self) -> ScoringRound:
         return ScoringRound(self)
 
@@ -91,9 +97,10 @@ class RolloutScorer:
         """Every reward's float32 scores of one chunk, on the CPU (the same call from either thread)."""
         from mmreward.prompt_sources import score_with_metadata
 
-        with torch.no_grad(), _side_stream(images, self.rewards.values()):
+        rewards = self.rewards
+        with torch.no_grad(), _side_stream(images, rewards.values()):
             return {name: score_with_metadata(r, list(prompts), images, self.metadata).scores.float().cpu()
-                    for name, r in self.rewards.items()}
+                    for name, r in rewards.items()}
 
 
 class ScoringRound:

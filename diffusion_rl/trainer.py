@@ -76,7 +76,7 @@ class Trainer:
         self.resumed_from = str(resume[0]) if resume else None
         self.rewards = load_run_rewards(cfg, acc.device)
         # scores each rollout chunk as it is generated; reward.overlap: in a background thread (rewards.py)
-        self.scorer = RolloutScorer(self.rewards.train, self.train_prompts, overlap=cfg.reward.overlap)
+        self.scorer = RolloutScorer(lambda: self.rewards.train, self.train_prompts, overlap=cfg.reward.overlap)
         pipeline = run_pipeline(cfg.model, acc.device, pipeline)
         self.adapter = adapter_for_config(pipeline, cfg.model)
         check_reward_modalities(self.adapter, self.rewards.by_name(), self.train_prompts, self.eval_prompts)
