@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # ShapesWorld modules a runtime reward, environment or inference method may import
 SYNTHETIC_RUNTIME = {"captions", "checker", "prompts", "scenes", "tokenizer", "identity_vae", "assets", "models",
-                     "motion", "edits", "vqa"}
+                     "motion", "edits", "vqa", "vqa_policy"}
 SYNTHETIC_MODULES = {p.stem for p in (ROOT / "mmreward" / "synthetic").rglob("*.py")} | {"build"}
 OFF_LIMITS = ("mmreward.synthetic.build", "diffusion_rl.experiments")
 

@@ -24,8 +24,8 @@ def test_policy_asset_loads_with_transformers_and_answers_are_single_tokens():
     from safetensors.torch import load_file
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
-    from mmreward.synthetic.build.train_vqa_policy import POLICY_KINDS
     from mmreward.synthetic.prompts import COLORS, SHAPES
+    from mmreward.synthetic.vqa_policy import POLICY_KINDS
 
     size = sum(p.stat().st_size for p in POLICY.iterdir())
     assert size < 8 * 2**20, size  # the brief: a few MB

@@ -79,7 +79,7 @@ class RecipeConfig:
         weights = (self.verifiable_weight, self.learned_weight)
         if any(not math.isfinite(w) or w < 0 for w in weights) or not any(weights):
             raise ConfigError(f"trl_shapes_vqa: reward weights must be finite, >= 0 and not both 0, got {weights}")
-        from mmreward.synthetic.build.train_vqa_policy import POLICY_KINDS
+        from mmreward.synthetic.vqa_policy import POLICY_KINDS
 
         if not self.kind_list() or any(k not in POLICY_KINDS for k in self.kind_list()):
             raise ConfigError(f"trl_shapes_vqa: kinds must be a comma-separated subset of {POLICY_KINDS}, "
@@ -117,7 +117,7 @@ def learned_reward_function(name: str = "shapesworld-pref"):
 
 def score_with(reward_fn, items, images, answers) -> list[float]:
     """Call a trl reward function as GRPOTrainer does (prompt messages, completion messages, dataset columns)."""
-    from mmreward.synthetic.build.train_vqa_policy import chat_prompt
+    from mmreward.synthetic.vqa_policy import chat_prompt
 
     return reward_fn(prompts=[chat_prompt(it) for it in items],
                      completions=[[{"role": "assistant", "content": a}] for a in answers],
@@ -139,7 +139,7 @@ class GoldMonitor(_trainer_callback_base()):
     same answers; `split_items` (the world's compositional held-out split) is tracked too, gold only."""
 
     def __init__(self, items, learned_fn=None, every: int = 20, split_items=()):
-        from mmreward.synthetic.build.train_vqa_policy import render_items
+        from mmreward.synthetic.vqa_policy import render_items
 
         self.items, self.learned_fn, self.every = items, learned_fn, every
         self.images, self.first = render_items(items)
@@ -152,7 +152,7 @@ class GoldMonitor(_trainer_callback_base()):
         self.t0 = time.time()
 
     def evaluate(self, model, processor, step: int) -> dict[str, Any]:
-        from mmreward.synthetic.build.train_vqa_policy import accuracy, generate_answers, gold_correct
+        from mmreward.synthetic.vqa_policy import accuracy, generate_answers, gold_correct
 
         was_training = model.training
         model.eval()
@@ -191,8 +191,8 @@ class GoldMonitor(_trainer_callback_base()):
 # the run
 # ----------------------------------------------------------------------------------------------
 def training_rows(cfg: RecipeConfig):
-    from mmreward.synthetic.build.train_vqa_policy import IMAGE_SIZE, render_items
     from mmreward.synthetic.vqa import make_questions, to_trl_rows
+    from mmreward.synthetic.vqa_policy import IMAGE_SIZE, render_items
 
     items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=cfg.kind_list())
     return to_trl_rows(items, size=IMAGE_SIZE, answer_format=False, images=render_items(items)[0])
@@ -221,7 +221,7 @@ def build_trainer(cfg: RecipeConfig):
     from trl import GRPOTrainer
 
     from mmreward.synthetic.assets import resolve_asset
-    from mmreward.synthetic.build.train_vqa_policy import eval_items
+    from mmreward.synthetic.vqa_policy import eval_items
 
     cfg.check()
     torch.set_num_threads(cfg.threads)
@@ -247,7 +247,7 @@ def _cpu_seconds() -> float:
 
 def run(cfg: RecipeConfig) -> dict[str, Any]:
     """Train, monitor, and write metrics.json (+ curve.png) to cfg.out; returns the metrics."""
-    from mmreward.synthetic.build.train_vqa_policy import accuracy
+    from mmreward.synthetic.vqa_policy import accuracy
 
     t0, cpu0 = time.time(), _cpu_seconds()
     out = Path(cfg.out)

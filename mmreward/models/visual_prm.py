@@ -244,7 +244,7 @@ def write_tiny_visual_prm(folder: str | os.PathLike, seed: int = 0) -> Path:
     model, 56-px tiles of 4 tokens), weights, and a Qwen2 tokenizer with <img>, </img>, <IMG_CONTEXT>."""
     from transformers import InternVLConfig, InternVLForConditionalGeneration
 
-    from mmreward.models._tiny_qwen_vl import build_qwen_tokenizer
+    from mmreward.backbones.tiny_qwen_vl import build_qwen_tokenizer
 
     out = Path(folder)
     tok = build_qwen_tokenizer(out, [IMG_START, IMG_END, IMG_CONTEXT])

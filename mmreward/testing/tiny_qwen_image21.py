@@ -2,7 +2,7 @@
 
 The components are the real classes at tiny sizes: a Qwen3-VL text encoder (`Qwen3VLForConditionalGeneration`,
 one text layer, one vision layer) with a `Qwen3VLProcessor` around the real Qwen2 byte-level BPE tokenizer format
-(`mmreward.models._tiny_qwen_vl.build_qwen_tokenizer`, whose chat template renders the system turn the pipeline
+(`mmreward.backbones.tiny_qwen_vl.build_qwen_tokenizer`, whose chat template renders the system turn the pipeline
 counts to drop), a one-block `QwenImage21Transformer2DModel` (single stream, block-causal attention,
 `causal_condition` as released), an `AutoencoderKLQwenImage21` with five `dim_mult` stages, so four spatial
 downsamples: the 16x factor the pipeline hard-codes; RGBA in and out, per-channel latent mean/std that are not
