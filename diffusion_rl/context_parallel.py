@@ -9,7 +9,7 @@ which must equal the number of processes) and applied to the adapter's transform
 adapter (`diffusion_rl.pipelines.adapter_for_config`), so every rollout forward pass is split. See
 docs/context_parallel.md for the launch lines and what is measured.
 
-What runs where (measured in this repository, tests/test_context_parallel.py):
+What runs where (measured in this repository, tests/diffusion_rl/test_context_parallel.py):
 - Ulysses on CPU with gloo (2 processes, tiny Wan): the rollout equals the one-process rollout bit for bit. diffusers
   computes the group's device as `rank % torch.accelerator.device_count()`, which divides by zero on a host
   without an accelerator (diffusers/models/modeling_utils.py `_resolve_parallel_config`, 0.42.1); on CPU this module

@@ -32,7 +32,7 @@ Under data parallelism every process takes the same decision from the same numbe
 `evaluate` gathers the scores of all processes before the monitor sees them, and the history is the same on
 every process (logged by all, restored from one checkpoint on resume). Saving the best-by-gold checkpoint is
 a collective (every process gathers, the main process writes), and on a rollback every process loads it, so
-all of them stop at the alarm's iteration holding the same weights (tests/test_hacking_guard_distributed.py).
+all of them stop at the alarm's iteration holding the same weights (tests/diffusion_rl/test_hacking_guard_distributed.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from mmreward.errors import ConfigError, RewardInputError
 SOURCE_KEY = "source_image"
 SOURCES_KEY = "source_images"  # a multi-image edit record: a list of paths (the first is the primary source)
 # the registered rewards that score an edit against its source (metadata required); the generic test suites,
-# which score media alone, drive them with the sources bound (tests/test_edit_rewards.py)
+# which score media alone, drive them with the sources bound (tests/mmreward/test_edit_rewards.py)
 SCORED_WITH_SOURCES = frozenset({"editreward", "editscore", "shapes-edit-eval"})
 EDIT_FAMILIES = frozenset({"flux_kontext", "qwen_image_edit", "qwen_image_edit_plus"})  # diffusion_rl's instruction-editing pipelines
 INSTRUCTION_KEYS = ("instruction", "prompt")  # the text of an edit record, under one of these names

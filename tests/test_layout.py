@@ -234,3 +234,18 @@ def test_mmreward_and_vlm_rm_have_no_import_cycles(package):
     graph = _module_graph(ROOT, package)
     assert len(graph) > 10 and any(graph.values())  # the graph is real
     assert not _cycles(graph), f"import cycles among {package} modules: {_cycles(graph)}"
+
+
+def test_tests_mirror_the_packages():
+    """Tests live under tests/<package>/ (shared code in tests/_helpers/); only cross-cutting checks stay at the top."""
+    tests = ROOT / "tests"
+    top = {p.name for p in tests.glob("*.py")}
+    cross_cutting = {"conftest.py", "test_layout.py", "test_packaging.py", "test_install_keeps_torch.py",
+                     "test_setup_env.py", "test_public_api.py", "test_dependency_bounds.py", "test_benchmarks_smoke.py",
+                     "test_benchmark_gradient_agreement.py", "test_benchmark_sde_exploration.py", "test_tolerances.py",
+                     "test_supported_models_page.py", "test_stale_outputs.py"}
+    assert top <= cross_cutting, f"put these under tests/<package>/ or tests/_helpers/: {sorted(top - cross_cutting)}"
+    for package in ("mmreward", "diffusion_rl", "vlm_rm"):
+        assert list((tests / package).glob("test_*.py")), f"tests/{package}/ holds no tests"
+    helpers = [p.name for p in (tests / "_helpers").glob("test_*.py")]
+    assert not helpers, f"tests/_helpers/ holds shared code, not tests: {helpers}"

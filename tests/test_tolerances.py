@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tolerances import assert_close_scaled
+
+from tests._helpers.tolerances import assert_close_scaled
 
 
 def test_noise_on_a_0_100_score_passes_where_an_absolute_1e5_failed():

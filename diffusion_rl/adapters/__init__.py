@@ -48,7 +48,7 @@ from diffusion_rl.adapters.wan import WanAdapter
 
 # pipeline class name -> (family, adapter class). Lookup walks the pipeline's MRO from its own class upwards
 # (`adapter_class_for`), so a registered subclass resolves before its base wherever it sits here; no two built-in
-# entries are related by inheritance in diffusers 0.42 (tests/test_adapter_registry.py checks it)
+# entries are related by inheritance in diffusers 0.42 (tests/diffusion_rl/test_adapter_registry.py checks it)
 _BUILTIN: dict[str, tuple[str, type[PipelineAdapter]]] = {
     "StableDiffusionPipeline": ("sd", SDAdapter),
     "StableDiffusionXLPipeline": ("sdxl", SDXLAdapter),

@@ -28,7 +28,7 @@ images as PaCo-Reward's offline evaluation scripts do. Over HTTP, images go as J
 default quality, as PaCo-RL's `pil_image_to_base64`).
 
 In-process, each panel takes the same JPEG round trip (`jpeg_round_trip=False` skips it) and is resized as the
-served processor resizes it (Pillow's bicubic on 8-bit values; tests/test_parity_paco.py).
+served processor resizes it (Pillow's bicubic on 8-bit values; tests/mmreward/test_parity_paco.py).
 
 Deviations, on purpose: in-process we read the whole first-token distribution, so P(Yes) is exact even
 when 'Yes' or 'No' falls outside the top 20 log-probabilities PaCo-RL gets from vLLM; when a server's top

@@ -26,7 +26,7 @@ empty response (a floor: does the response beat saying nothing; R1-Reward has no
 `best_of_n_by_critic` ranks candidate responses by their round-robin win rate. `mode="soft"` (ours, fast and
 deterministic, no reasoning) reads P("1") against P("2") from the next token after `SOFT_PREFIX`, an empty
 analysis in the output format; the tiny conformance instance uses it, since a random model writes no answer.
-Checked against a transcription of the script's path in tests/test_parity_r1_reward.py.
+Checked against a transcription of the script's path in tests/mmreward/test_parity_r1_reward.py.
 """
 
 from __future__ import annotations

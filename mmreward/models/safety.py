@@ -7,7 +7,7 @@
   exposed-body-part class over all anchors (a continuous version of "some unsafe box was detected").
   Preprocessing is the package's, batched in torch: pad bottom/right to a square, bilinear resize to
   320, [0, 1]; channel order as the package feeds images read from files (BGR).
-  The resize is the package's own cv2 call on the same 8-bit pixels (tests/test_detectors_safety.py records the
+  The resize is the package's own cv2 call on the same 8-bit pixels (tests/mmreward/test_detectors_safety.py records the
   parity for docs/parity.md); only without OpenCV does a float resize stand in (~0.01 off).
 
 `details["nsfw_prob"]` holds P(NSFW) and `details["unsafe"]` whether it exceeds `threshold`

@@ -18,7 +18,7 @@ Checkpoint layout: the hub repo is a `save_pretrained` Qwen2.5-VL folder (config
 plus `value_head.safetensors` holding `v_head.summary.weight` (1, hidden) and `v_head.summary.bias` (1,). Both are
 loaded strictly. Batches are right-padded, so each item's last real token is its `attention_mask` count - 1, as
 in the original's batch of one. `select_best_responses` does best-of-N over candidate responses (argmax per item).
-Checked against a transcription of the original's path in tests/test_parity_skywork_vl_reward.py.
+Checked against a transcription of the original's path in tests/mmreward/test_parity_skywork_vl_reward.py.
 """
 
 from __future__ import annotations

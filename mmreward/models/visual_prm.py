@@ -34,7 +34,7 @@ layout of the InternVL2.5/3 conversions: InternViT + pixel-shuffle MLP projector
 so a VisualPRM-style checkpoint converted to that layout (or an InternVL-hf model fine-tuned the VisualPRM way)
 loads strictly; the official VisualPRM-8B weights themselves do not, until they are converted. The hub model's
 hard-score mode (generated "+"/"-" text, summed) is not implemented. Checked against a transcription of the
-original's scoring code in tests/test_parity_visual_prm.py.
+original's scoring code in tests/mmreward/test_parity_visual_prm.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ As the originals' forward (MizzenAI/HPSv3 `Qwen2VLRewardModelBT.forward`, KwaiVG
 decoder runs over plain sequential positions (`head_hidden_states`), not Qwen's 3-D M-RoPE positions. Media are
 resized as the originals' loaders resize them: HPSv3 with Pillow's 8-bit bicubic (bit-exact, batched), VideoReward
 frames with torchvision's bicubic on uint8 tensors, sampled at 2 fps with its vendored `smart_nframes` (count
-rounded to the nearest even number). Checked against transcribed forwards in tests/test_parity_qwen_heads.py.
+rounded to the nearest even number). Checked against transcribed forwards in tests/mmreward/test_parity_qwen_heads.py.
 Deviation, on purpose: media that require grad (the differentiable path) are resized with a float bicubic
 (`qwen_vl.resize_for_qwen(method="float")`), since the 8-bit resizes have no gradient.
 """

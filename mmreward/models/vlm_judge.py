@@ -12,7 +12,7 @@ Two modes:
   `rationales`. Works with every backend. VideoScore2 in-process (one sample) follows vs2_inference.py:
   each dimension's digit is located in the generated answer and scored from the digit distribution at the
   step that wrote it (`normed`), read after the sampling warpers (temperature and the checkpoint's top-k/top-p)
-  as its `output_scores` are (tests/test_parity_videoscore2.py); the hard values stay in the details (over
+  as its `output_scores` are (tests/mmreward/test_parity_videoscore2.py); the hard values stay in the details (over
   HTTP: hard values).
 - mode="soft": teacher-forced digit probabilities. For each dimension the answer line's prefix is forced
   and the digit distribution over low..high is read from the next token (renormalised over the digits);
@@ -394,7 +394,7 @@ def make_backend(checkpoint, weights, *, backend: str = "transformers", base_url
     processor = qwen_vl.load_processor(checkpoint)
     model = (qwen_vl.vlm_from_config(qwen_vl.load_config(checkpoint)) if weights == "random"
              else qwen_vl.load_vlm(checkpoint))
-    # the judges' originals resize 8-bit images with qwen_vl_utils (tests/test_parity_vlm_judges.py)
+    # the judges' originals resize 8-bit images with qwen_vl_utils (tests/mmreward/test_parity_vlm_judges.py)
     return TransformersBackend(model, processor, min_pixels=min_pixels, max_pixels=max_pixels,
                                max_new_tokens=max_new_tokens, resize="8-bit" if qwen_pixels else "float")
 

@@ -67,7 +67,7 @@ def gold_correct(items, answers: Sequence[str], first_images: torch.Tensor | Non
     """1/0 per answer from the `shapes-vqa` exact checker, given the items' reference answers.
 
     first_images: each item's first image (`render_items(items)[1]`); 'which' answers are checked against
-    the reference, the other kinds' references agree with the image (tests/test_shapes_vqa.py)."""
+    the reference, the other kinds' references agree with the image (tests/mmreward/test_shapes_vqa.py)."""
     from mmreward.models.shapes_vqa import ShapesVQAReward
 
     reward = ShapesVQAReward()

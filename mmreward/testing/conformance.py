@@ -1,4 +1,4 @@
-"""The conformance suite every registered reward must pass (called from tests/test_conformance.py).
+"""The conformance suite every registered reward must pass (called from tests/mmreward/test_conformance.py).
 
 Checks: output shape and dtype, batch-order equivariance, compare antisymmetry, typed errors on bad
 input (including zero-size media, lone-surrogate prompts and bad devices), non-constant outputs, and,

@@ -33,7 +33,7 @@ sum whose components are the keys), or use one reward's own details.
 A response reward (`score_responses`, e.g. shapes-vqa) gets solution_str as the response, the question
 from extra_info["question"] and the reference from ground_truth (see scoring.response_fields). The ShapesWorld VQA
 world (`mmreward.synthetic.vqa.to_verl_rows`) runs through verl 0.9.1's own RLHFDataset, reward managers
-(naive, dapo) and RewardLoopManager.compute_rm_score in tests/test_verl_reward_loop.py.
+(naive, dapo) and RewardLoopManager.compute_rm_score in tests/vlm_rm/test_verl_reward_loop.py.
 
 reward_kwargs choose the reward: {reward: clipscore | rewards: {name: weight}, checkpoint: ..., device:
 cuda, dtype: float16, weights: pretrained, scale: 1.0, shift: 0.0, batch_size: 64, failure_value: 0.0,
