@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from diffusion_rl.config import from_dict
 from mmreward.errors import ConfigError
 from tests._helpers.inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
 
 
 def _reference_dpo_loss(model_pred, ref_pred, target, beta_dpo):
@@ -186,12 +184,7 @@ def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
     cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    launcher = Path(sys.executable).parent / "accelerate"
-    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
-                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(path)
     cfg["log"]["output_dir"] = str(tmp_path / "dp1")
     one = Trainer(from_dict(cfg))
     one.fit()
@@ -200,10 +193,7 @@ def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
     assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
     assert h2["dpo/pairs"] == h1["dpo/pairs"] == 4.0
     assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
-    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
-    lr = cfg["train"]["learning_rate"]
-    for p in one.trainable:
-        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)
+    assert_trained_params_match(one, two["params"], atol=1e-2 * cfg["train"]["learning_rate"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,15 +363,8 @@ def test_offline_dpo_resumes_bit_exact_and_two_processes_equal_one(tmp_path, tin
     cfg = _offline_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, pairs)
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    launcher = Path(sys.executable).parent / "accelerate"
-    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
-                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(path)
     one = run("dp1")
     two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
     assert two["history"][0]["train/grad_norm"] == pytest.approx(one.history[0]["train/grad_norm"], rel=1e-4)
-    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
-    for p in one.trainable:
-        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-4)
+    assert_trained_params_match(one, two["params"], atol=1e-4)

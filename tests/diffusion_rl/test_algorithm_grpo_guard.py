@@ -6,10 +6,6 @@ trains tiny SD3, FLUX and Wan pipelines, and the preset carries Flow-GRPO's defa
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +16,7 @@ from diffusion_rl.config import from_dict
 from mmreward.errors import ConfigError
 from tests._helpers.inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
 
 
 def _verl_omni_grpo_guard_loss(old_log_prob, log_prob, advantages, old_prev_sample_mean, prev_sample_mean,
@@ -175,17 +172,10 @@ def test_grpo_guard_resumes_bit_exact_and_two_processes_equal_one(tmp_path, tiny
     d = _guard_dict("sd3", tiny_pipeline_dir, tmp_path / "dp2")
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(d))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    launcher = Path(sys.executable).parent / "accelerate"
-    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
-                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(path)
     one = run("dp1")
     two = read_checkpoint(tmp_path / "dp2" / "checkpoints" / "iter_000001")
     h1, h2 = one.history[0], two["history"][0]  # losses are each process's own; rewards and gradients are global
     assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6)
     assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
-    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
-    for p in one.trainable:
-        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-4)
+    assert_trained_params_match(one, two["params"], atol=1e-4)

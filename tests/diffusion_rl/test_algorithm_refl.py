@@ -9,10 +9,6 @@ the returned predictions, a resumed run equals an uninterrupted one bit for bit,
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -36,6 +32,7 @@ from diffusion_rl.pipelines import make_adapter
 from mmreward.errors import ConfigError
 from tests._helpers.inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
 
 
 def _hand_built(seed: int = 0, shape=(3, 4, 5, 5)):
@@ -375,12 +372,7 @@ def test_two_process_refl_equals_one_process(tmp_path, tiny_pipeline_dir):
     cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    launcher = Path(sys.executable).parent / "accelerate"
-    proc = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
-                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(path)
     cfg["log"]["output_dir"] = str(tmp_path / "dp1")
     one = Trainer(from_dict(cfg))
     one.fit()
@@ -392,7 +384,4 @@ def test_two_process_refl_equals_one_process(tmp_path, tiny_pipeline_dir):
     assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
     # the logged loss is process 0's own (half the batch): unequal, so the work was really split in two
     assert h2["train/loss"] != pytest.approx(h1["train/loss"], rel=1e-6, abs=1e-9)
-    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
-    lr = cfg["train"]["learning_rate"]
-    for p in one.trainable:
-        torch.testing.assert_close(p.detach().cpu(), two["params"][names[id(p)]], rtol=0, atol=1e-2 * lr)
+    assert_trained_params_match(one, two["params"], atol=1e-2 * cfg["train"]["learning_rate"])

@@ -1,0 +1,31 @@
+"""The 2-process CPU run the algorithm tests compare with one process: `accelerate launch` with gloo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def launch_two_processes(config: Path, *, timeout: int = 600) -> None:
+    """`diffusion-rl train --config config` on 2 CPU processes (gloo); fails the test with the run's stderr.
+
+    `accelerate launch` through its module: the same parser and launch_command, without the accelerate CLI
+    loading its other subcommands first (about half the launcher's start-up)."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "-m", "diffusion_rl", "train", "--config", str(config)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def assert_trained_params_match(one: Any, params: dict[str, torch.Tensor], atol: float) -> None:
+    """Every trainable parameter of the one-process trainer `one` equals the checkpoint's `params` within atol."""
+    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
+    for p in one.trainable:
+        torch.testing.assert_close(p.detach().cpu(), params[names[id(p)]], rtol=0, atol=atol)
