@@ -27,7 +27,6 @@ policy and no EMA-KL term; flow-matching (velocity) models only; training forwar
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
@@ -37,7 +36,6 @@ from diffusion_rl.algorithms.dpo import (
     forward_draw,
     reference_velocity,
 )
-from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 
@@ -58,21 +56,10 @@ class AWM(RankedSamplesMethod):
 
     name = "awm"
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample and score groups, advantages, then advantage-weighted matching steps on every sample."""
-        del kernel  # sampled by an ODE solver; the loss is on the forward process
-        t0 = time.perf_counter()
-        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
-                                                   needs_reference=self.cfg.train.kl_beta > 0)
-        t1 = time.perf_counter()
-        metrics.update(self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, adv))
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
-
-    def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
-               sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor) -> dict[str, float]:
+    def train_on_samples(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds,
+                         slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
+                         ) -> dict[str, float]:
+        """Advantage-weighted flow-matching steps on every sample."""
         cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
         gs = cfg.sample.guidance_scale
         stats: dict[str, list[float]] = {"loss": [], "ratio": [], "kl": []}

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -52,7 +51,6 @@ import torch.nn.functional as F
 from diffusion_rl.algorithms.dgpo import group_chunks, group_minibatches
 from diffusion_rl.algorithms.dpo import RankedSamplesMethod, reference_velocity
 from diffusion_rl.algorithms.nft import FORWARD_NOISE_STEP, optimality_probability
-from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.seeding import counter_noise, noise_key
@@ -201,25 +199,23 @@ class CRD(RankedSamplesMethod):
             rows.append(torch.randperm(num_steps, generator=gen)[:k])
         return torch.stack(rows)
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample with the sampling copy, score, CRD steps, then move both copies towards the trained weights."""
-        del kernel  # sampled by an ODE solver; the loss is on the forward process
+    def prepare(self, policy: Policy) -> None:
         if policy.sharded:
             raise ConfigError("train.algorithm 'crd' swaps in copies of the trained weights, which FSDP-sharded "
                               "parameters do not allow: run it with DDP (or one process)")
         if self.copies is None:
             self.copies = {c: [p.detach().clone() for p in policy.trainable] for c in COPIES}
-        t0 = time.perf_counter()
-        with self.weights(policy, "sampling"):
-            x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
-                                                       needs_reference=self.cfg.train.kl_beta > 0)
-        t1 = time.perf_counter()
-        metrics.update(self._train(it, policy, adapter, embeds, slots.cpu(), sample_ids.cpu(), x0_all, adv))
+
+    def sampling_weights(self, policy: Policy) -> contextlib.AbstractContextManager:
+        return self.weights(policy, "sampling")
+
+    def train_on_samples(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds,
+                         slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
+                         ) -> dict[str, float]:
+        """CRD steps, then move both copies towards the trained weights."""
+        metrics = self._train(it, policy, adapter, embeds, slots.cpu(), sample_ids.cpu(), x0_all, adv)
         metrics.update(self.update_copies(policy))
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
+        return metrics
 
     def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
                sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor) -> dict[str, float]:

@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 
 from diffusion_rl.algorithms.dpo import RankedSamplesMethod, flow_matching_error, reference_velocity
-from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.seeding import counter_noise, noise_key
@@ -121,18 +119,14 @@ class DGPO(RankedSamplesMethod):
         gen = torch.Generator().manual_seed(noise_key(tc.seed, it, epoch, DGPO_STEP_DRAW))
         return torch.randperm(pool, generator=gen)[: min(tc.dgpo_timesteps, pool)].sort().values
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample and score groups, advantages, then DGPO steps on every group."""
-        del kernel  # sampled by an ODE solver; the loss is on the forward process
-        t0 = time.perf_counter()
-        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
-                                                   needs_reference=True)
-        t1 = time.perf_counter()
-        metrics.update(self._train(it, policy, adapter, embeds, slots.cpu(), x0_all, adv))
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
+    needs_reference = True
+
+    def train_on_samples(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds,
+                         slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
+                         ) -> dict[str, float]:
+        """DGPO steps on every group."""
+        del sample_ids  # the draws are per group (slot)
+        return self._train(it, policy, adapter, embeds, slots.cpu(), x0_all, adv)
 
     def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
                x0_all: torch.Tensor, adv_all: torch.Tensor) -> dict[str, float]:

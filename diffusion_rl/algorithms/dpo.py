@@ -179,6 +179,39 @@ class RankedSamplesMethod:
         self.cfg, self.rewards = cfg, rewards
         self.metadata = cfg.prompts.load("train")  # metadata-aware rewards look prompts up here
 
+    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
+                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
+                  ) -> tuple[dict[str, float], torch.Tensor]:
+        """Sample and score every group with the current policy, then the method's steps (`train_on_samples`)."""
+        del kernel  # sampled by an ODE solver; the loss is on the forward process
+        self.prepare(policy)
+        t0 = time.perf_counter()
+        with self.sampling_weights(policy):
+            x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
+                                                       needs_reference=self.needs_reference)
+        t1 = time.perf_counter()
+        metrics.update(self.train_on_samples(it, policy, adapter, embeds, slots, sample_ids, x0_all, adv))
+        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
+        return metrics, images.detach().cpu()
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss reads the frozen reference model (LoRA runs then check it can be switched off)."""
+        return self.cfg.train.kl_beta > 0
+
+    def prepare(self, policy: Policy) -> None:
+        """Checks and state the method needs before its first sample (CRD: its weight copies)."""
+
+    def sampling_weights(self, policy: Policy) -> contextlib.AbstractContextManager:
+        """The weights the groups are sampled with: the current policy's (CRD: its sampling copy)."""
+        return contextlib.nullcontext()
+
+    def train_on_samples(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds,
+                         slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
+                         ) -> dict[str, float]:
+        """The method's optimizer steps on this iteration's samples and their group-normalised advantages."""
+        raise NotImplementedError
+
     def sample(self, it: int, policy: Policy, adapter: PipelineAdapter, prompts: list[str], embeds: PromptEmbeds,
                slots: torch.Tensor, sample_ids: torch.Tensor, *, needs_reference: bool
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -244,23 +277,18 @@ class DiffusionDPO(RankedSamplesMethod):
 
     name = "dpo"
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample and score groups, pair best with worst, then `num_minibatches` optimizer steps of the DPO loss."""
-        del kernel  # sampled by an ODE solver; the loss is on the forward process
-        t0 = time.perf_counter()
-        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
-                                                   needs_reference=True)
+    needs_reference = True
+
+    def train_on_samples(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds,
+                         slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
+                         ) -> dict[str, float]:
+        """Pair each group's best with its worst, then `num_minibatches` optimizer steps of the DPO loss."""
         win, lose, valid = best_worst_pairs(adv, slots.cpu())
-        t1 = time.perf_counter()
-        metrics.update(train_dpo_pairs(self.cfg, it, policy, adapter, len(win),
-                                       lambda c: (x0_all[win[c]], x0_all[lose[c]], embeds.index(win[c])),
-                                       slots[win], valid))
+        metrics = train_dpo_pairs(self.cfg, it, policy, adapter, len(win),
+                                  lambda c: (x0_all[win[c]], x0_all[lose[c]], embeds.index(win[c])), slots[win], valid)
         acc = policy.accelerator  # pairs with a preference, over all processes
         metrics["dpo/pairs"] = float(acc.gather(valid.sum().view(1).to(acc.device)).sum())
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
+        return metrics
 
 
 # ----------------------------------------------------------------------------------------------

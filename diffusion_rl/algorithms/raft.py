@@ -24,12 +24,10 @@ prediction the reference trains).
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
 from diffusion_rl.algorithms.dpo import RankedSamplesMethod, flow_matching_error, forward_draw
-from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 
@@ -56,21 +54,17 @@ class RAFT(RankedSamplesMethod):
 
     name = "raft"
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample and score groups, keep each group's top k, then supervised steps on them."""
-        del kernel  # sampled by an ODE solver; the loss is on the forward process
-        t0 = time.perf_counter()
-        x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
-                                                   needs_reference=False)
+    needs_reference = False
+
+    def train_on_samples(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds,
+                         slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
+                         ) -> dict[str, float]:
+        """Keep each group's top k, then supervised steps on them."""
         winners = top_k_per_group(adv, slots.cpu(), self.cfg.train.raft_top_k)
-        t1 = time.perf_counter()
-        metrics.update(self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, winners))
+        metrics = self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, winners)
         acc = policy.accelerator  # over all processes
         metrics["raft/winners"] = float(acc.gather(torch.tensor([len(winners)], device=acc.device)).sum())
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
+        return metrics
 
     def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
                sample_ids: torch.Tensor, x0_all: torch.Tensor, winners: torch.Tensor) -> dict[str, float]:
