@@ -169,8 +169,9 @@ def reference_velocity(policy: Policy, adapter: PipelineAdapter, x_t: torch.Tens
 # the method
 # ----------------------------------------------------------------------------------------------
 class RankedSamplesMethod:
-    """What DPO, RAFT and AWM share: the run's rewards and prompt metadata, and one step that checks the model,
-    samples every group with the current policy (ODE) and ranks it (`sample_and_rank`)."""
+    """What DPO, RAFT, AWM, DGPO and CRD share: the run's rewards and prompt metadata, and one iteration that checks
+    the model, samples every group with the current policy (ODE), ranks it (`sample_and_rank`) and hands the
+    clean latents and advantages to the method's `train_on_samples`."""
     owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
 
     name = ""
