@@ -30,19 +30,33 @@ negative prompt " " for true CFG, the VAE's per-channel mean/std un-normalisatio
 The ODE rollout is then `QwenImage21Pipeline(prompt, negative_prompt=" ", true_cfg_scale=g, height, width,
 sigmas=..., latents=x_T, use_kv_cache=False)` per prompt.
 
-Edits: prompts given as edit records (`mmreward.edit.EditPrompt`) get their source as the pipeline's condition
-image, prepared as `__call__` prepares one at an input size of the output's height x width (the size
-`output_resolution` gives a source of the output's shape; other sources are resized to it, so every row of a
-batch has one condition grid): RGBA, resized for the Qwen3-VL (which reads it in the ti2i template, flattened on
-white by `encode_prompt`), VAE-encoded to tokens placed before the noisy ones (`img_shapes` lists both grids,
-`img_mask` marks the VLM's image slots). CFG's negative prompt " " is encoded with the same image, per row. The ODE
-rollout then equals `QwenImage21Pipeline(prompt, image=source, output_resolution=H, height=H, width=W, ...)` for
-an H x W source. All prompts of a batch are edit records or none (a mixed batch is a ConfigError); one condition
-image per prompt (the pipeline takes up to 10).
+Edits: prompts given as edit records (`mmreward.edit.EditPrompt`) condition on their source images, one or several
+(`EditPrompt.sources`, from {"source_image": PATH} or {"source_images": [PATH, ...]} rows, the record format of the
+QwenImageEditPlus adapter), prepared as `QwenImage21Pipeline.__call__(image=[...], output_resolution=R)` prepares
+its list of condition images, with R the output's side (round(sqrt(H x W)) for a non-square output, which
+`calculate_dimensions` maps back to H x W):
+- each image, as RGBA, at the input size `calculate_dimensions(R^2, its aspect ratio)`: resized (PIL) for the
+  Qwen3-VL and VAE-encoded (mode, the VAE's mean/std) from the original, every image on its own;
+- the prompt: the ti2i template with one "<imageK><|vision_start|><|image_pad|><|vision_end|>" block per image,
+  space-separated, in order (`_get_qwen_prompt_embeds`, which flattens RGBA on white for the VLM); CFG's negative
+  prompt " " is encoded with the same images, per row;
+- the transformer: every image's tokens, in order, before the noisy ones, dropped into the VLM's image slots
+  (`img_mask`), and `img_shapes` = [each condition grid, ..., the target grid].
+The rows of a batch stack, so every condition image must have the output's aspect ratio (its input size is then H x
+W; another ratio would give another grid): a source of another shape is a ConfigError naming the size to crop to,
+where the pipeline would silently make another layout. Records with different numbers of images may share a batch:
+the condition tokens are zero-padded to 4 x max_sequence_length (each VLM image slot stands for 2x2 tokens, so
+the images of any record that fits the prompt budget fit) and each forward groups rows by layout and cuts its
+rows' tokens back. Too many images for `model.max_sequence_length`, a missing or unreadable source, and an output
+size whose grid the VLM's image processor reads differently (its min/max pixels) are ConfigErrors naming the fix.
+The ODE rollout then equals `QwenImage21Pipeline(prompt, image=[sources...], output_resolution=R, height=H,
+width=W, use_kv_cache=False, ...)` called per prompt. All prompts of a batch are edit records or none (a mixed
+batch is a ConfigError).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -57,6 +71,20 @@ QWEN_IMAGE21_DEFAULT_SIZE = 1024  # QwenImage21Pipeline.__call__'s output_resolu
 # the single-stream blocks' attention (diffusers' _tp_plan names them); QWEN_IMAGE21_MLP_LORA_TARGETS adds the SwiGLU
 QWEN_IMAGE21_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 QWEN_IMAGE21_MLP_LORA_TARGETS = ["img_mlp.proj", "img_mlp.gate_layer", "img_mlp.out"]
+
+
+def _open_rgba(path: str, name: str):
+    """A source image as an RGBA PIL image (what the pipeline converts condition images to); a missing or unreadable
+    file is a ConfigError naming it."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGBA")
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: source image {path!r} does not exist; fix the edit record's path") from None
+    except (UnidentifiedImageError, OSError) as err:
+        raise ConfigError(f"{name}: source image {path!r} is not a readable image ({err})") from None
 
 
 class QwenImage21Adapter(QwenImageAdapter):
@@ -102,35 +130,71 @@ class QwenImage21Adapter(QwenImageAdapter):
             if not isinstance(p, EditPrompt):
                 rows.append(self._encode_text(str(p)))
                 continue
-            image, latents = self._condition(p.source)
-            row = self._encode_text(str(p), image)
-            neg = self._encode_text(QWEN_IMAGE_NEGATIVE_PROMPT, image)
+            images, latents = self._conditions(p.sources)
+            row = self._encode_text(str(p), images)
+            neg = self._encode_text(QWEN_IMAGE_NEGATIVE_PROMPT, images)
+            # zero-padded to a fixed length so that records with different numbers of images stack: the slot check
+            # in _encode_text bounds the tokens (4 per slot, slots < max_sequence_length)
+            latents = torch.cat([latents, latents.new_zeros(1, 4 * self.max_sequence_length - latents.shape[1],
+                                                            latents.shape[2])], dim=1)
             rows.append(PromptEmbeds({**row.tensors, "image_latents": latents,
                                       **{"negative_" + k: v for k, v in neg.tensors.items()}}))
         return PromptEmbeds.cat(rows)
 
-    def _encode_text(self, text: str, image=None) -> PromptEmbeds:
-        """One prompt (with its condition image) as the pipeline encodes it, padded to max_sequence_length."""
-        pe, mask, pad_mask = self.pipeline.encode_prompt(prompt=[text], image=None if image is None else [image],
-                                                         device=self.device)
+    def _encode_text(self, text: str, images: list | None = None) -> PromptEmbeds:
+        """One prompt (with its condition images) as the pipeline encodes it, padded to max_sequence_length."""
+        pe, mask, pad_mask = self.pipeline.encode_prompt(prompt=[text], image=images, device=self.device)
+        if images:
+            self._check_slots(len(images), pe.shape[1], int(pad_mask.sum()))
         pe, mask = self._pad(pe, mask)
         pad_mask = torch.cat([pad_mask, pad_mask.new_zeros(1, mask.shape[1] - pad_mask.shape[1])], dim=1)
         return PromptEmbeds({"prompt_embeds": pe, "prompt_embeds_mask": mask, "image_pad_mask": pad_mask})
 
-    def _condition(self, source):
-        """The source as QwenImage21Pipeline.__call__ prepares a condition image at an input size of the output's
-        height x width (what `output_resolution` gives a source of that shape): RGBA, resized for the Qwen3-VL,
-        VAE-encoded (mode, the VAE's mean/std) and flattened into tokens for the transformer."""
-        from PIL import Image
+    def _check_slots(self, count: int, length: int, slots: int) -> None:
+        """The encoded prompt has room for the images, and the VLM gave each image one slot per 2x2 latent tokens
+        (otherwise the transformer cannot drop the latents into the slots)."""
+        h, w = self._latent_hw()
+        name = type(self.pipeline).__name__
+        if length > self.max_sequence_length:
+            raise ConfigError(
+                f"{name}: an edit record with {count} condition image(s) at {self.height}x{self.width} encodes to "
+                f"{length} prompt tokens (each image takes {h * w // 4} image slots), more than "
+                f"model.max_sequence_length={self.max_sequence_length}; give the record fewer source images or raise "
+                "model.max_sequence_length")
+        if slots != count * (h * w // 4):
+            raise ConfigError(
+                f"{name}: the text encoder's image processor read {count} condition image(s) of {self.height}x"
+                f"{self.width} as {slots} image slots, not {count * (h * w // 4)} (one per 32x32 pixels): the output "
+                "size is outside the processor's min_pixels/max_pixels; choose model.height/model.width within them")
+
+    def _output_resolution(self) -> int:
+        """The pipeline's `output_resolution` whose input size for an output-shaped source is height x width."""
+        return round(math.sqrt(self.height * self.width))
+
+    def _conditions(self, sources: Sequence[str]) -> tuple[list, torch.Tensor]:
+        """The sources as QwenImage21Pipeline.__call__ prepares its list of condition images (see the module
+        docstring): the VLM's resized copies, and the VAE tokens (1, K x h x w, C) of all images in order."""
+        from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
 
         pipe = self.pipeline
-        with Image.open(source) as img:
-            img = img.convert("RGBA")
-        prompt_image = pipe.image_processor.resize(img, width=self.width, height=self.height)
-        pixels = pipe.image_processor.preprocess(img, width=self.width, height=self.height).unsqueeze(2)
-        latents = pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), generator=None)
-        b, c, _, h, w = latents.shape
-        return prompt_image, pipe._pack_latents(latents, b, c, h, w)
+        resolution = self._output_resolution()
+        prompt_images, pixels = [], []
+        for path in sources:
+            img = _open_rgba(path, type(pipe).__name__)
+            size = calculate_dimensions(resolution * resolution, img.size[0] / img.size[1])[:2]
+            if size != (self.width, self.height):
+                raise ConfigError(
+                    f"{type(pipe).__name__}: source image {path!r} is {img.size[0]}x{img.size[1]} (width x height); "
+                    f"the pipeline would condition on it at {size[0]}x{size[1]}, not at the output's {self.width}x"
+                    f"{self.height}, and the rows of a batch share one condition grid: crop or pad the source "
+                    f"images to the output's aspect ratio {self.width}:{self.height} (or set model.height/"
+                    "model.width to the sources' shape)")
+            prompt_images.append(pipe.image_processor.resize(img, width=self.width, height=self.height))
+            pixels.append(pipe.image_processor.preprocess(img, width=self.width, height=self.height))
+        # the pipeline encodes each image alone; one batched VAE call gives the same per-image latents
+        latents = pipe._encode_vae_image(torch.cat(pixels).unsqueeze(2).to(self.device, pipe.vae.dtype), generator=None)
+        k, c, _, h, w = latents.shape
+        return prompt_images, pipe._pack_latents(latents, k, c, h, w).reshape(1, k * h * w, c)  # image after image
 
     def negative(self) -> PromptEmbeds:
         if self._negative is None:
@@ -157,7 +221,7 @@ class QwenImage21Adapter(QwenImageAdapter):
         lengths = tensors["prompt_embeds_mask"].bool().sum(dim=1)
         pad_mask = tensors["image_pad_mask"].bool()
         condition = tensors.get("image_latents")
-        # one call per sequence layout: prompt length and where the condition image's slots are
+        # one call per sequence layout: prompt length and where the condition images' slots are
         layouts, which = torch.unique(torch.cat([lengths[:, None], pad_mask.long()], dim=1), dim=0, return_inverse=True)
         outs, order = [], []
         for k in range(layouts.shape[0]):
@@ -166,8 +230,10 @@ class QwenImage21Adapter(QwenImageAdapter):
             img_mask = torch.cat([pad_mask[rows, :length],
                                   torch.ones(n, h * w // 4, dtype=torch.bool, device=x.device)], dim=1)
             hidden, shapes = x[rows], [(1, h, w)]
-            if condition is not None:  # the condition image's tokens first, at the output's grid
-                hidden, shapes = torch.cat([condition[rows].to(x.dtype), hidden], dim=1), [(1, h, w), (1, h, w)]
+            if condition is not None:  # every condition image's tokens first, in order, each on the output's grid
+                count = 4 * int(pad_mask[rows[0]].sum()) // (h * w)
+                hidden = torch.cat([condition[rows, : count * h * w].to(x.dtype), hidden], dim=1)
+                shapes = [(1, h, w)] * (count + 1)
             out = model(hidden_states=hidden, timestep=t[rows].to(x.dtype) / 1000,
                         encoder_hidden_states=tensors["prompt_embeds"][rows, :length].to(x.dtype),
                         encoder_hidden_states_mask=None, img_shapes=[shapes] * n, img_mask=img_mask,

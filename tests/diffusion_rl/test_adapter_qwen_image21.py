@@ -1,7 +1,7 @@
 """Qwen-Image-2.1 (QwenImage21Adapter) beyond the conformance suite (tests/diffusion_rl/test_adapter_conformance.py): a prompt's
-prediction does not depend on the other prompts of the batch, edit records (a condition image) sample what
-QwenImage21Pipeline(image=...) samples and train, the pipeline's configured `sample_sigmas` are the schedule when
-their length is the step count, and bad inputs are typed errors."""
+prediction does not depend on the other prompts of the batch, edit records (one or several condition images)
+sample what QwenImage21Pipeline(image=[...]) samples and train, the pipeline's configured `sample_sigmas` are the
+schedule when their length is the step count, and bad inputs are typed errors."""
 
 from __future__ import annotations
 
@@ -157,22 +157,121 @@ def test_edit_records_sample_what_the_pipeline_samples_with_image(pipe, edits):
     record_parity("qwen_image21", original="diffusers==0.42.1 QwenImage21Pipeline.__call__ (image=, edits)",
                   how="package", actual=traj.latents[:, -1], expected=ref,
                   cases=["64x64 source and output, 2 steps, true CFG 2.5, use_kv_cache=False"],
-                  not_checked="several condition images per prompt; sources of another shape than the output")
+                  not_checked="sources of another aspect ratio than the output (a ConfigError)")
     assert_close_scaled(traj.latents[:, -1], ref, rel=1e-5)
     text_only = rollout(adapter, adapter.encode([str(p) for p in edits]), [0, 1], [0, 0], num_steps=2,
                         guidance_scale=2.5, kernel=Kernel("ode", 0.0), decode=False)
     assert float((text_only.latents[:, -1] - ref).abs().max()) > 1e-2 * float(ref.abs().max())
 
 
-def test_one_grpo_iteration_on_edit_records_reproduces_the_rollout_log_probs(folder, edits, tmp_path):
-    """The training path recomputes the rollout's log-probs on edit rows (probe < 1e-5) and moves the LoRA."""
+def _pipeline_edit(pipe, prompt, x_T: torch.Tensor, height: int, width: int, resolution: int) -> torch.Tensor:
+    """QwenImage21Pipeline.__call__ on one edit record: its sources as the list of condition images (PIL, as a user
+    passes them), true CFG 2.5 with the negative prompt " ", 2 steps, uncached forward, the final latents."""
+    from PIL import Image
+
+    return pipe(prompt=str(prompt), image=[Image.open(s).convert("RGB") for s in prompt.sources], latents=x_T.clone(),
+                height=height, width=width, output_resolution=resolution, num_inference_steps=2, negative_prompt=" ",
+                true_cfg_scale=2.5, use_kv_cache=False, output_type="latent").images
+
+
+@pytest.fixture(scope="module")
+def more_sources(tmp_path_factory):
+    """Square sources of another size than the output (32 px for a 64 px output), wide (2:1) sources, and a
+    square image of another aspect ratio's shape (64x32) for the wrong-size error."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("qi21_more")
+    rng = np.random.default_rng(1)
+    for name, (w, h) in {"sq0": (32, 32), "sq1": (32, 32), "wide0": (48, 24), "wide1": (96, 48), "tall": (32, 64)}.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / f"{name}.png")
+    return root
+
+
+@pytest.mark.parity
+@torch.no_grad()
+def test_two_image_edit_records_sample_what_the_pipeline_samples(pipe, edits, more_sources):
+    """Several condition images per record: every image in the ti2i template ("<imageK><|vision_start|>...", in
+    order), VAE tokens of each image before the noisy ones, img_shapes [each grid, target]. The ODE rollout of a batch
+    with a 2-image and a 1-image record equals QwenImage21Pipeline(image=[...]) called per record from the same noise
+    (rel 1e-5; measured 5.5e-7 on the 2-image row, 0 on the 1-image row); a 2:1 output (R = round(sqrt(H x W)) as
+    the pipeline's output_resolution) too (measured 6.3e-7); another second image changes the sample (> 1e-3 of the
+    latent scale; measured 3.5e-2)."""
+    from diffusion_rl.kernels import Kernel
+    from diffusion_rl.rollout import rollout
+    from mmreward.edit import EditPrompt
+
+    first, second = (str(p.source) for p in edits)
+    two = EditPrompt("put the cat of picture 2 here", first, [first, second])
+    one = EditPrompt("make it blue", str(more_sources / "sq0.png"))  # 32 px: resized to 64 as the pipeline does
+    adapter = make_adapter(pipe, 64, 64)
+    emb = adapter.encode([two, one])
+    # the two images' slots (4 each at 64 px) are in the prompt, one block per image
+    assert emb.tensors["image_pad_mask"].sum(1).tolist() == [8, 4]
+    x_T = torch.randn(1, *adapter.latent_shape(), generator=torch.Generator().manual_seed(3))
+    traj = rollout(adapter, emb, [0, 1], [0, 0], num_steps=2, guidance_scale=2.5, kernel=Kernel("ode", 0.0),
+                   init_latents=torch.cat([x_T, x_T]), decode=False)
+    ref = torch.cat([_pipeline_edit(pipe, p, x_T, 64, 64, 64) for p in (two, one)])
+    record_parity("qwen_image21", original="diffusers==0.42.1 QwenImage21Pipeline.__call__ (image=[...], edits)",
+                  how="package", actual=traj.latents[:, -1], expected=ref,
+                  cases=["a 2-image and a 1-image record in one batch, 64x64, 2 steps, true CFG 2.5, no KV cache"])
+    assert_close_scaled(traj.latents[:, -1], ref, rel=1e-5)
+    # a different second image: another sample from the same noise
+    other = EditPrompt(str(two), first, [first, str(more_sources / "sq1.png")])
+    moved = rollout(adapter, adapter.encode([other]), [0], [0], num_steps=2, guidance_scale=2.5,
+                    kernel=Kernel("ode", 0.0), init_latents=x_T, decode=False).latents[:, -1]
+    assert float((moved - ref[:1]).abs().max()) > 1e-3 * float(ref[:1].abs().max())
+    # a 2:1 output, 2:1 sources of two sizes: the pipeline's output_resolution is 45 (calculate_dimensions -> 64x32)
+    wide = EditPrompt("swap them", str(more_sources / "wide0.png"),
+                      [str(more_sources / "wide0.png"), str(more_sources / "wide1.png")])
+    adapter = make_adapter(pipe, 32, 64)
+    x_T = torch.randn(1, *adapter.latent_shape(), generator=torch.Generator().manual_seed(4))
+    got = rollout(adapter, adapter.encode([wide]), [0], [0], num_steps=2, guidance_scale=2.5,
+                  kernel=Kernel("ode", 0.0), init_latents=x_T, decode=False).latents[:, -1]
+    ref = _pipeline_edit(pipe, wide, x_T, 32, 64, 45)
+    record_parity("qwen_image21", original="diffusers==0.42.1 QwenImage21Pipeline.__call__ (image=[...], edits)",
+                  how="package", actual=got, expected=ref, cases=["2 images, 32x64 output, output_resolution=45"])
+    assert_close_scaled(got, ref, rel=1e-5)
+
+
+def test_too_many_wrong_size_and_missing_condition_images_are_config_errors(pipe, edits, more_sources, tmp_path):
+    from mmreward.edit import EditPrompt
+
+    first = str(edits[0].source)
+    # the images' slots fill the prompt budget: fewer images or a longer model.max_sequence_length
+    three = EditPrompt("merge them", first, [first, str(edits[1].source), first])
+    n_two = int(make_adapter(pipe, 64, 64).encode([EditPrompt("merge them", first, [first, first])])
+                .tensors["prompt_embeds_mask"].sum())
+    with pytest.raises(ConfigError, match=r"3 condition image\(s\).*fewer source images or raise "
+                                          r"model.max_sequence_length"):
+        make_adapter(pipe, 64, 64, max_sequence_length=n_two).encode([three])
+    # a source of another aspect ratio than the output: the pipeline would give it another grid
+    tall = str(more_sources / "tall.png")
+    with pytest.raises(ConfigError, match=r"tall.png' is 32x64.*crop or pad the source images to the output's "
+                                          r"aspect ratio 64:64"):
+        make_adapter(pipe, 64, 64).encode([EditPrompt("x", first, [first, tall])])
+    with pytest.raises(ConfigError, match="gone.png' does not exist; fix the edit record's path"):
+        make_adapter(pipe, 64, 64).encode([EditPrompt("x", first, [first, str(tmp_path / "gone.png")])])
+    bad = tmp_path / "bad.png"
+    bad.write_text("not an image")
+    with pytest.raises(ConfigError, match="is not a readable image"):
+        make_adapter(pipe, 64, 64).encode([EditPrompt("x", str(bad))])
+    # 96 px is more than the tiny VLM processor's max_pixels (64 x 64): it reads fewer slots than the latents fill
+    with pytest.raises(ConfigError, match=r"read 1 condition image\(s\) of 96x96 as 4 image slots, not 9"):
+        make_adapter(pipe, 96, 96).encode([EditPrompt("x", first)])
+
+
+def test_one_grpo_iteration_on_two_image_edit_records_reproduces_the_rollout_log_probs(folder, edits, tmp_path):
+    """Two-image edit records ({"source_images": [...]}, the QwenImageEditPlus record format, read by load_prompts):
+    the training path recomputes the rollout's log-probs on them (probe < 1e-5) and moves the LoRA."""
     import json
 
     from diffusion_rl.config import from_dict
     from diffusion_rl.trainer import Trainer
 
+    src_a, src_b = (str(p.source) for p in edits)
     rows = tmp_path / "edits.jsonl"
-    rows.write_text("".join(json.dumps({"source_image": str(p.source), "instruction": str(p)}) + "\n" for p in edits))
+    rows.write_text(json.dumps({"source_images": [src_a, src_b], "instruction": "put the cat of picture 2 here"}) + "\n"
+                    + json.dumps({"source_images": [src_b, src_a], "instruction": "merge the two scenes"}) + "\n")
     cfg = from_dict({
         "model": {"pretrained": str(folder), "height": 64, "width": 64, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 2, "guidance_scale": 2.5, "kernel": "flow_sde", "noise_level": 0.7,
