@@ -36,15 +36,16 @@ QwenImageEditPlus adapter), prepared as `QwenImage21Pipeline.__call__(image=[...
 its list of condition images, with R the output's side (round(sqrt(H x W)) for a non-square output, which
 `calculate_dimensions` maps back to H x W):
 - each image, as RGBA, at the input size `calculate_dimensions(R^2, its aspect ratio)`: resized (PIL) for the
-  Qwen3-VL and VAE-encoded (mode, the VAE's mean/std) from the original, every image on its own;
+  Qwen3-VL and VAE-encoded (mode, the VAE's mean/std) from the original (one batched VAE call; the pipeline
+  encodes each image alone, which gives the same latents to float rounding);
 - the prompt: the ti2i template with one "<imageK><|vision_start|><|image_pad|><|vision_end|>" block per image,
   space-separated, in order (`_get_qwen_prompt_embeds`, which flattens RGBA on white for the VLM); CFG's negative
   prompt " " is encoded with the same images, per row;
 - the transformer: every image's tokens, in order, before the noisy ones, dropped into the VLM's image slots
   (`img_mask`), and `img_shapes` = [each condition grid, ..., the target grid].
 The rows of a batch stack, so every condition image must have the output's aspect ratio (its input size is then H x
-W; another ratio would give another grid): a source of another shape is a ConfigError naming the size to crop to,
-where the pipeline would silently make another layout. Records with different numbers of images may share a batch:
+W; another ratio would give another grid): a source of another shape is a ConfigError naming the aspect ratio to
+crop to (squashing it to H x W, as this adapter once did for its one image, is not what the pipeline does). Records with different numbers of images may share a batch:
 the condition tokens are zero-padded to 4 x max_sequence_length (each VLM image slot stands for 2x2 tokens, so
 the images of any record that fits the prompt budget fit) and each forward groups rows by layout and cuts its
 rows' tokens back. Too many images for `model.max_sequence_length`, a missing or unreadable source, and an output
