@@ -262,10 +262,57 @@ def write_tiny_visual_prm(folder: str | os.PathLike, seed: int = 0) -> Path:
     return out
 
 
+def _chat_tokenizer(source: str):
+    """The tokenizer of an official InternVLChatModel folder from its tokenizer.json, without its remote-code class.
+
+    The official tokenizer_config.json names `InternLM2Tokenizer` (tokenization_internlm2.py, hub code): AutoTokenizer
+    would ask to run it. The fast tokenizer file holds the whole tokenizer (vocabulary, merges, added tokens, the
+    BOS template), so it is read as it is and no code from the folder runs."""
+    from transformers import PreTrainedTokenizerFast
+
+    from mmreward.checkpoints import load_files, resolve_files
+
+    files = resolve_files(source, [], optional=["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                               "added_tokens.json"])
+    if "tokenizer.json" not in files:
+        raise CheckpointError(
+            f"visual-prm: '{source}' has no tokenizer.json; its tokenizer is InternLM2's remote-code sentencepiece "
+            "class, which this library does not run. Save its fast tokenizer into the folder once (on a machine "
+            "where you trust the repo: AutoTokenizer.from_pretrained(folder, trust_remote_code=True, use_fast=True)"
+            ".save_pretrained(folder)) or copy tokenizer.json from an InternVL2.5-8B '-hf' conversion that shares "
+            "its vocabulary and added tokens")
+    return load_files(lambda p: PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True),
+                      files["tokenizer.json"].parent, "tokenizer")
+
+
+def _load_official(source: str, raw: dict, weights: str):
+    """(model, tokenizer) of an official InternVLChatModel + InternLM2 folder, converted in memory to the native
+    layout (mmreward/backbones/internvl_chat.py)."""
+    from mmreward.backbones import internvl_chat
+    from mmreward.backbones import qwen_vl as loading
+
+    template = raw.get("template")
+    if template not in (None, "internvl2_5"):
+        raise CheckpointError(f"visual-prm: '{source}' uses the conversation template {template!r}; this reward renders "
+                              "VisualPRM's 'internvl2_5' template")
+    tokenizer = _chat_tokenizer(source)
+    image_token = tokenizer.convert_tokens_to_ids(IMG_CONTEXT)
+    if image_token is None or image_token == tokenizer.unk_token_id:
+        raise CheckpointError(f"visual-prm: the tokenizer of '{source}' has no {IMG_CONTEXT} token")
+    if weights == "pretrained":
+        return internvl_chat.load_internvl_chat(source, raw, image_token), tokenizer
+    if weights == "random":
+        return loading.vlm_from_config(internvl_chat.native_config(raw, image_token, source)), tokenizer
+    raise RewardInputError(f"weights must be 'pretrained' or 'random', got {weights!r}")
+
+
 def load_visual_prm(checkpoint: str | os.PathLike | None = None, *, weights: str = "pretrained", tiny: bool = False,
                     **options: Any) -> VisualPRM:
+    """VisualPRM from a native InternVL ("-hf") checkpoint, or from the official remote-code layout
+    (InternVLChatModel + InternLM2, e.g. OpenGVLab/VisualPRM-8B) converted in memory; no hub code runs."""
     from transformers import AutoTokenizer
 
+    from mmreward.backbones import internvl_chat
     from mmreward.backbones import qwen_vl as loading
     from mmreward.checkpoints import hub_is_offline
 
@@ -275,13 +322,19 @@ def load_visual_prm(checkpoint: str | os.PathLike | None = None, *, weights: str
         checkpoint = str(write_tiny_visual_prm(tempfile.mkdtemp(prefix="mmreward-tiny-visual-prm-")))
         options.setdefault("max_num", 2)
     source = os.fspath(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
+    try:
+        raw = internvl_chat.read_config(source)
+    except CheckpointError:
+        raw = None  # AutoConfig below reports it in its own words
+    if raw is not None and internvl_chat.is_internvl_chat(raw):
+        model, tokenizer = _load_official(source, raw, weights)
+        return VisualPRM(model.eval(), tokenizer, **options)
     config = loading.load_config(source)
     if getattr(config, "model_type", None) != "internvl":
         raise CheckpointError(
             f"visual-prm: '{source}' is a '{getattr(config, 'model_type', None)}' checkpoint; this reward loads "
-            "transformers' native InternVL layout (model_type 'internvl', the '-hf' conversions). The official "
-            "OpenGVLab/VisualPRM-8B is remote code (InternVLChatModel with InternLM2.5), which is not loaded: convert "
-            "it to the InternVL-hf layout first (docs/mllm_reward_models.md)")
+            "transformers' native InternVL layout (model_type 'internvl', the '-hf' conversions) or the official "
+            "InternVLChatModel + InternLM2 layout of OpenGVLab/VisualPRM-8B (docs/mllm_reward_models.md)")
     path, local = loading.local_or_hub(source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local or hub_is_offline())
