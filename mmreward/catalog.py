@@ -367,7 +367,8 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         name="visual-prm",
         loader="mmreward.models.visual_prm:load_visual_prm",
         description="VisualPRM: a multimodal process reward model (InternVL) scoring every step of a response with "
-        "P('+'), aggregated by mean or min (step_scores gives the steps); transformers' InternVL-hf layout",
+        "P('+'), aggregated by mean or min (step_scores gives the steps); the official InternVLChatModel + InternLM2 "
+        "layout (converted in memory, no remote code) or transformers' InternVL-hf layout",
         default_checkpoint="OpenGVLab/VisualPRM-8B",
         requires=("transformers",),
         score_range="[0, 1]: the mean (or min) over the response's steps of P('+') against P('-')",

@@ -29,12 +29,15 @@ scores, and how we follow it (references with their commits below):
 
 What is covered, and what is not: the official checkpoint is InternVL's remote-code `InternVLChatModel` with an
 InternLM2.5-7B language model, which transformers 5.24 cannot build natively (and this library never runs hub code,
-`trust_remote_code`). We score on transformers' native InternVL (`InternVLForConditionalGeneration`, the "-hf"
-layout of the InternVL2.5/3 conversions: InternViT + pixel-shuffle MLP projector + a Qwen2/Llama language model),
-so a VisualPRM-style checkpoint converted to that layout (or an InternVL-hf model fine-tuned the VisualPRM way)
-loads strictly; the official VisualPRM-8B weights themselves do not, until they are converted. The hub model's
-hard-score mode (generated "+"/"-" text, summed) is not implemented. Checked against a transcription of the
-original's scoring code in tests/mmreward/test_parity_visual_prm.py.
+`trust_remote_code`). Such a folder (config.json `architectures: [InternVLChatModel]`, InternLM2 `llm_config`,
+safetensors) is converted in memory to transformers' native InternVL (`InternVLForConditionalGeneration`, the "-hf"
+layout: InternViT + pixel-shuffle MLP projector + a Llama language model) by mmreward/backbones/internvl_chat.py,
+strictly, with the tokenizer from the folder's tokenizer.json; a native "-hf" checkpoint (Qwen2 or Llama language
+model) loads as it is. Checked in tests/mmreward/test_visual_prm_official_layout.py against transcriptions of the
+original InternLM2 and InternViT forwards. Not checked: the real 8B weights and the real InternLM2 tokenizer (a
+folder with only its sentencepiece tokenizer.model is refused with how to add a tokenizer.json). The hub model's
+hard-score mode (generated "+"/"-" text, summed) is not implemented. Scoring is checked against a transcription of
+the original's scoring code in tests/mmreward/test_parity_visual_prm.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ The reference transcribes, item by item:
   Process:", every assistant turn '+', one tokenizer call, logits at each placeholder index over the '+'/'-' token
   ids, softmax, weights {+: 1, -: 0}, the mean over steps. One response per call, as the original.
 The language-vision model is transformers' own `InternVLForConditionalGeneration.from_pretrained` (the original's
-remote-code InternVLChatModel cannot be built here; see mmreward/models/visual_prm.py). Nothing here imports our
+remote-code InternVLChatModel cannot be built here; its layout's conversion is checked in
+test_visual_prm_official_layout.py). Nothing here imports our
 preprocessing, prompt or scoring code.
 """
 
@@ -251,8 +252,9 @@ def test_visual_prm_step_scores_match_the_original(prm_dir, prm, tmp_path):
     flat_got, flat_exp = torch.cat(got), torch.cat(expected)
     max_abs, max_rel = record_parity("visual-prm", original=ORIGINAL, how="transcribed", actual=flat_got,
                                      expected=flat_exp, cases=CASES,
-                                     not_checked="bf16 on GPU; the official VisualPRM-8B weights (remote-code "
-                                     "InternVLChatModel + InternLM2.5: not loadable natively, see the docs page)")
+                                     not_checked="bf16 on GPU; the real VisualPRM-8B weights (its official "
+                                     "InternVLChatModel + InternLM2 layout is converted and checked on a tiny model in "
+                                     "test_visual_prm_official_layout.py)")
     assert float(flat_exp.max() - flat_exp.min()) > 0.05  # the tiny model's step scores spread: the check has teeth
     assert_close_scaled(flat_got, flat_exp, rel=REL, msg=lambda m: f"{m}\nmax abs {max_abs:.3g}, rel {max_rel:.3g}")
     # the response score: the hub code's soft overall score (the mean) and the paper's min ablation
