@@ -17,13 +17,15 @@ What the rollout must reproduce, read from diffusers 0.42's pipeline_flux2.py / 
 - decoding un-normalises with the VAE's batch-norm running statistics (`AutoencoderKLFlux2.bn`, eps
   `batch_norm_eps`), un-patchifies 2x2 and decodes.
 
-Reference images: both pipelines take `image=` and append its VAE latents (mode, patchified, batch-norm
-normalised, packed) after the noisy tokens, with position ids whose time coordinate is 10 (`_prepare_image_ids`);
-the output is cut back to the noisy tokens. Prompts given as edit records (`mmreward.edit.EditPrompt`) get their
-source image as that reference; the source is resized to the adapter's height x width, so every row of a batch
-shares one reference grid (the transformer takes one set of position ids for the batch). The ODE rollout then
-equals the pipeline called with `image=` a source of exactly height x width. All prompts of a batch must be edit
-records or none (a mixed batch is a ConfigError). One reference image per prompt (the pipelines accept several).
+Reference images: both pipelines take `image=` (one image or a list) and append each image's VAE latents (mode,
+patchified, batch-norm normalised, packed) after the noisy tokens, in order, with position ids whose time
+coordinate is 10 for the first image, 20 for the second, ... (`_prepare_image_ids(scale=10)`: 10 + 10 k); the
+output is cut back to the noisy tokens. Prompts given as edit records (`mmreward.edit.EditPrompt`) get their source
+images (`EditPrompt.sources`: one, or several from {"source_images": [PATH, ...]} rows) as those references; each
+source is resized to the adapter's height x width, so every row of a batch shares one reference grid (the
+transformer takes one set of position ids for the batch). The ODE rollout then equals the pipeline called with
+`image=[...]` sources of exactly height x width. All prompts of a batch must be edit records or none, with the same
+number of source images (the reference tokens of the rows are stacked; otherwise a ConfigError).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from mmreward.errors import ConfigError
 
 FLUX2_MAX_SEQUENCE_LENGTH = 512  # Flux2Pipeline / Flux2KleinPipeline.__call__'s default
 REFERENCE_MIN_SIDE = 64  # the pipelines refuse smaller reference images
-REFERENCE_TIME_COORD = 10  # `_prepare_image_ids(scale=10)`: the first reference image's time coordinate
+REFERENCE_TIME_COORD = 10  # `_prepare_image_ids(scale=10)`: reference image k (from 0) is at time 10 + 10 k
 
 # LoRA targets: the joint attention of the double-stream blocks (image and text projections, as FLUX.1) and the
 # fused qkv+MLP input projection of the single-stream blocks (Flux2ParallelSelfAttention has no separate
@@ -103,8 +105,15 @@ class Flux2Adapter(PipelineAdapter):
             raise ConfigError(f"{type(self.pipeline).__name__} takes reference images of at least {REFERENCE_MIN_SIDE}px "
                               f"a side, and edit records' sources are resized to the output size {self.height}x"
                               f"{self.width}; set model.height and model.width >= {REFERENCE_MIN_SIDE}")
-        images = torch.stack([load_source_image(p.source) for p in prompts])
-        return PromptEmbeds({"prompt_embeds": pe, "image_latents": self.encode_reference(images)})
+        counts = sorted({len(p.sources) for p in prompts})
+        if len(counts) > 1:
+            raise ConfigError(f"{type(self.pipeline).__name__}: the edit records of a batch have {counts} source images; "
+                              "their reference tokens cannot be stacked: give every record of a run the same number "
+                              "of source images")
+        # every prompt's references in order: (B x K, 3, H, W) -> tokens (B, K x h x w, 4C)
+        latents = self.encode_reference([load_source_image(s) for p in prompts for s in p.sources])
+        return PromptEmbeds({"prompt_embeds": pe,
+                             "image_latents": latents.reshape(len(prompts), -1, latents.shape[-1])})
 
     def _encode_text(self, prompts: list[str]) -> torch.Tensor:
         pe, _ = self.pipeline.encode_prompt(prompt=prompts, device=self.device,
@@ -112,13 +121,13 @@ class Flux2Adapter(PipelineAdapter):
         return pe
 
     @torch.no_grad()
-    def encode_reference(self, images: torch.Tensor) -> torch.Tensor:
-        """Packed reference latents (B, tokens, 4C) of images (B, 3, H, W) in [0, 1], as the pipeline makes them
-        from a reference image of the adapter's height x width."""
+    def encode_reference(self, images: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        """Packed reference latents (B, tokens, 4C) of images (B, 3, H, W), or a list of (3, H_i, W_i), in [0, 1], as
+        the pipeline makes them from a reference image of the adapter's height x width."""
         pipe = self.pipeline
         # tensors resize with the default mode (the pipeline's "crop" takes PIL images only); at height x width
-        # already, both leave the pixels as they are
-        pixels = pipe.image_processor.preprocess(images.float(), self.height, self.width)
+        # already, both leave the pixels as they are. One at a time: sources may differ in size
+        pixels = torch.cat([pipe.image_processor.preprocess(im[None].float(), self.height, self.width) for im in images])
         latents = pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), generator=None)
         return latents.flatten(2).transpose(1, 2)  # (B, 4C, h, w) -> (B, h*w, 4C), row-major as `_pack_latents`
 
@@ -150,9 +159,11 @@ class Flux2Adapter(PipelineAdapter):
         img_ids = self._ids(*self._grid(), 0, x.device)
         hidden = x
         source = embeds.tensors.get("image_latents")
-        if source is not None:  # reference tokens after the noisy ones, on the same grid at time 10
+        if source is not None:  # reference tokens after the noisy ones, each on the same grid at time 10, 20, ...
             hidden = torch.cat([x, source.to(x.dtype)], dim=1)
-            img_ids = torch.cat([img_ids, self._ids(*self._grid(), REFERENCE_TIME_COORD, x.device)])
+            count = source.shape[1] // x.shape[1]
+            img_ids = torch.cat([img_ids, *[self._ids(*self._grid(), REFERENCE_TIME_COORD * (k + 1), x.device)
+                                            for k in range(count)]])
         out = model(hidden_states=hidden, timestep=t.to(x.dtype) / 1000, guidance=self._guidance(x, guidance_scale),
                     encoder_hidden_states=pe, txt_ids=txt_ids[None], img_ids=img_ids[None], return_dict=False)[0]
         return out[:, : x.shape[1]]
