@@ -62,6 +62,7 @@ def check_reward_modalities(adapter: PipelineAdapter, rewards: dict[str, Any], t
 
     check_edit_run(adapter.family, {"train": train_prompts, "eval": eval_prompts},
                    [n for n, r in rewards.items() if r is not None])
+    check_source_counts(adapter, {"train": train_prompts, "eval": eval_prompts})
     bad = [name for name, r in rewards.items() if r is not None and adapter.modality not in r.modalities]
     if bad:
         hint = ("score videos with video rewards, or wrap an image reward per frame (mmreward's video-frames)"
@@ -72,6 +73,24 @@ def check_reward_modalities(adapter: PipelineAdapter, rewards: dict[str, Any], t
         for reward in rewards.values():
             if reward is not None and hasattr(reward, "set_clip_fps"):
                 reward.set_clip_fps(adapter.fps)
+
+
+def check_source_counts(adapter: PipelineAdapter, prompts: dict[str, Sequence[str]]) -> None:
+    """ConfigError, before any sampling, for edit records with more source images than the pipeline conditions on
+    (`adapter.source_images`), or, where the rows' condition tokens are stacked, records of one role with different
+    numbers of images."""
+    for role, plist in prompts.items():
+        counts = {len(p.sources): i for i, p in reversed(list(enumerate(plist))) if hasattr(p, "sources")}
+        if adapter.source_images == "one" and max(counts, default=1) > 1:
+            i = counts[max(counts)]
+            raise ConfigError(f"prompts.{role}[{i}] is an edit record with {max(counts)} source images, but a "
+                              f"{adapter.family} pipeline conditions on one; give one source image per record, or "
+                              "use a multi-image editing pipeline (QwenImageEditPlusPipeline, QwenImage21Pipeline, "
+                              "Flux2Pipeline, Flux2KleinPipeline)")
+        if adapter.source_images == "same_count" and len(counts) > 1:
+            raise ConfigError(f"prompts.{role} has edit records with {sorted(counts)} source images; a "
+                              f"{adapter.family} pipeline stacks the records' condition tokens, so give every record "
+                              "the same number of source images")
 
 
 def check_token_limit(pipeline: Any, max_sequence_length: int | None) -> None:

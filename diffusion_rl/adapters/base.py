@@ -77,6 +77,10 @@ class PipelineAdapter:
     is_flow: bool = True
     modality: str = "image"  # what `decode` returns: "image" (B, 3, H, W) or "video" (B, T, 3, H, W)
     is_edit: bool = False  # True: prompts are edit records and the source image is part of the condition
+    # how many source images of an edit record (EditPrompt.sources) the condition takes: "one" (a record with more is
+    # refused at run start, not cut to its first), "same_count" (several, the same number in every record of a run:
+    # the rows' condition tokens are stacked) or "any" (records with different numbers share a batch)
+    source_images: str = "one"
     fps: float | None = None  # frames per second of the clips a video pipeline makes (its export rate)
     # the transformer block classes FSDP2 shards one by one (accelerate's TRANSFORMER_BASED_WRAP `transformer_cls_names_to_wrap`);
     # named here because some transformers declare no `_no_split_modules` (LTX, LTX-2) and others list non-blocks in it

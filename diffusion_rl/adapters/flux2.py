@@ -56,6 +56,7 @@ class Flux2Adapter(PipelineAdapter):
     """diffusers' Flux2Pipeline: guidance-embedded flow matching on packed 2x2 latent patches (see module doc)."""
 
     family = "flux2"
+    source_images = "same_count"
     block_classes = ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
 
     # -- geometry -----------------------------------------------------------------------------

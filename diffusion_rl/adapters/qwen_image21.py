@@ -93,6 +93,7 @@ class QwenImage21Adapter(QwenImageAdapter):
     docstring)."""
 
     family = "qwen_image21"
+    source_images = "any"
     block_classes = ("QwenImage21TransformerBlock",)
     is_edit = False
 

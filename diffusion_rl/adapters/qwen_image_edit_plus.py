@@ -45,6 +45,7 @@ class QwenImageEditPlusAdapter(QwenImageEditAdapter):
     """QwenImageEditPlusPipeline: every source image in the VLM prompt and as latents beside the noisy ones."""
 
     family = "qwen_image_edit_plus"
+    source_images = "same_count"
     is_edit = True
 
     @torch.no_grad()

@@ -286,3 +286,30 @@ def test_one_grpo_iteration_on_two_image_edit_records_reproduces_the_rollout_log
     metrics = trainer.train_iteration(0)
     assert metrics["train/probe/max_abs_log_ratio"] < 1e-5
     assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.trainable))
+
+
+def test_run_start_refuses_records_with_more_source_images_than_the_family_takes(edits):
+    """`check_source_counts` (run start, through check_reward_modalities): a one-image editing family refuses a
+    multi-image record instead of conditioning on its first image; a family that stacks the rows' condition tokens
+    refuses a run mixing image counts; Qwen-Image-2.1 pads them and takes both."""
+    from diffusion_rl.adapters.flux2 import Flux2Adapter, Flux2KleinAdapter
+    from diffusion_rl.adapters.flux_kontext import FluxKontextAdapter
+    from diffusion_rl.adapters.qwen_image21 import QwenImage21Adapter
+    from diffusion_rl.adapters.qwen_image_edit import QwenImageEditAdapter
+    from diffusion_rl.adapters.qwen_image_edit_plus import QwenImageEditPlusAdapter
+    from diffusion_rl.pipelines import check_source_counts
+    from mmreward.edit import EditPrompt
+
+    first, second = (str(p.source) for p in edits)
+    two = EditPrompt("merge them", first, [first, second])
+    mixed = {"train": [edits[0], two], "eval": []}
+    for cls in (FluxKontextAdapter, QwenImageEditAdapter):  # the classes' own settings (class attributes)
+        check_source_counts(cls, {"train": list(edits)})
+        with pytest.raises(ConfigError, match=r"prompts.train\[1\] is an edit record with 2 source images.*"
+                                              "give one source image per record"):
+            check_source_counts(cls, mixed)
+    for cls in (QwenImageEditPlusAdapter, Flux2Adapter, Flux2KleinAdapter):
+        check_source_counts(cls, {"train": [two, two], "eval": [edits[0]]})  # one count per role
+        with pytest.raises(ConfigError, match=r"\[1, 2\] source images.*same number of source images"):
+            check_source_counts(cls, mixed)
+    check_source_counts(QwenImage21Adapter, mixed)
