@@ -52,11 +52,14 @@ OLDER_TESTS = {
 NOTES = {"wan": "Wan 2.1; Wan 2.2 A14B's two experts (`transformer_2`, `boundary_ratio`) go to `Wan22Adapter`, "
                 "`model.lora_experts`, `model.guidance_scale_2`",
          "wan_i2v": "Wan 2.1 I2V (CLIP image embeds) and Wan 2.2 I2V-A14B (two experts)",
-         "flux2": "guidance embedding; reference images as edit records",
+         "flux2": "guidance embedding; edit records' source images as reference images (the same number in "
+                  "every record of a run)",
+         "qwen_image_edit_plus": "the same number and sizes of source images in every record of a run",
          "flux2_klein": "true CFG, or none when step-distilled", "z_image": "`model.cfg_normalization`, "
          "`model.cfg_truncation`", "qwen_image": "true CFG with the norm rescale",
-         "qwen_image21": "plain true CFG; one forward per sequence layout; edit records as the condition "
-                        "image; RGBA composited over white",
+         "qwen_image21": "plain true CFG; one forward per sequence layout; edit records' source images as "
+                        "the condition images (any number per record, at the output's aspect ratio); RGBA "
+                        "composited over white",
          "ltx2": "joint video + audio state; LTX2Pipeline's guidance terms as `model.*` keys (`stg_scale`, "
                  "`spatio_temporal_guidance_blocks`, `modality_scale`, `guidance_rescale`, `audio_*`)"}
 
@@ -91,6 +94,8 @@ def build() -> str:
     for cls_name, (family, adapter) in sorted(PIPELINE_ADAPTERS.items(), key=lambda kv: (kv[1][0], kv[0])):
         kernels = "flow_sde, dance_sde, cps, ODE" if adapter.is_flow else "ddim"
         cond = "source image (edit records)" if adapter.is_edit else "text"
+        if adapter.source_images != "one":  # edit records with several source images (docs/how-to/editing.md)
+            cond = ("" if adapter.is_edit else "text; ") + "1 or more source images (edit records)"
         if family.endswith("i2v"):
             cond = "first frame (edit records)"
         targets = ", ".join(f"`{t}`" for t in DEFAULT_LORA_TARGETS.get(family, []))
