@@ -186,7 +186,8 @@ class ModelConfig:
     context_parallel: dict[str, int] | None = _f(None, "video pipelines: split each clip's tokens over the processes "
                                                  "with diffusers' context parallelism, {ulysses_degree: N} or "
                                                  "{ring_degree: N} (product = number of processes; ring needs GPUs); "
-                                                 "rollouts only so far, see docs/context_parallel.md")
+                                                 "rollouts, evaluation and training (grpo, grpo_guard, pref_grpo, "
+                                                 "ddpo, nft), see docs/context_parallel.md")
 
     def __post_init__(self) -> None:
         _validate_types(self, "model")

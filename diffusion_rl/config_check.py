@@ -181,11 +181,13 @@ def _check_prompts(cfg: RunConfig, which: str) -> str:
 
 def check_config(cfg: RunConfig, num_processes: int = 1) -> list[str]:
     """Summary lines of a config that resolves offline (everything but weights); raises a typed error if not."""
-    from diffusion_rl import sample_assignment
+    from diffusion_rl import context_parallel, sample_assignment
 
     if num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
-    sample_assignment.check_divisible(cfg.sample, cfg.train, num_processes)
+    context_parallel.check_training(cfg)
+    cp_degree = context_parallel.degree(cfg.model.context_parallel)
+    sample_assignment.check_divisible(cfg.sample, cfg.train, num_processes, cp_degree)
     prompts = {which: _check_prompts(cfg, which) for which in ("train", "eval")}
     pipeline = _check_pipeline(cfg.model.pretrained)
     rc = cfg.reward

@@ -17,10 +17,20 @@ What runs where (measured in this repository, tests/diffusion_rl/test_context_pa
 - Ring on CPU: refused. diffusers' ring attention merges blocks by their log-sum-exp, which the native (SDPA)
   backend does not return ("Native attention does not support return_lse=True"): it needs a flash or sage
   attention backend, i.e. GPUs.
-- Training under context parallelism is refused (a typed error when the policy is built): each process's
-  gradient is then only its sequence shard's contribution (measured: the two shards' gradients sum to the
-  one-process gradient), so the group must own the same samples and sum its gradients, which the trainer's
-  data-parallel sharding (one process = one share of the prompts) does not do yet.
+- Training (`diffusion-rl train`) under Ulysses, for the methods in `TRAINABLE` (GRPO, GRPO-Guard,
+  Pref-GRPO, DDPO, DiffusionNFT); the others are refused with a typed error (`check_training`). Three things make
+  a CP run's update equal the one-process update on the same samples:
+  1. the processes of a group own the same samples: the sample assignment runs over data ranks
+     `process_index // degree` of `num_processes // degree` (`sample_assignment.DataRank`), so today's groups
+     (the group spans every process) form one data-parallel group;
+  2. gathers keep one copy of each group's samples (the leader's: `sample_assignment.CanonicalOrder`, the
+     evaluation scores);
+  3. each process's parameter gradient is only its sequence shard's share (measured on the tiny Wan: the two
+     shares sum to the one-process gradient; diffusers gathers the output for every process and the backward
+     of that gather keeps the process's own slice), and DDP averages over all processes: `Policy.step`
+     multiplies the averaged gradient by the degree before clipping, which turns the mean over the `degree`
+     shares of a group into their sum (tests/diffusion_rl/test_context_parallel.py: the trained LoRA equals the
+     one-process run's).
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ import torch
 from mmreward.errors import ConfigError
 
 KEYS = ("ulysses_degree", "ring_degree")
+# the methods whose training under context parallelism is tested against one process, each end to end
+# (tests/diffusion_rl/test_context_parallel.py); the others count, gather or select per process in code not
+# checked with a group's duplicated samples (DPO pair counts, RAFT winners, DRaFT's reward gather, ...): refused
+TRAINABLE = ("grpo", "grpo_guard", "pref_grpo", "ddpo", "nft")
 
 
 def parse_settings(value: dict[str, Any] | None) -> dict[str, int] | None:
@@ -54,6 +68,26 @@ def parse_settings(value: dict[str, Any] | None) -> dict[str, int] | None:
         raise ConfigError("model.context_parallel needs ulysses_degree or ring_degree > 1 (the processes that split "
                           "each clip's tokens); leave model.context_parallel unset for none")
     return out
+
+
+def degree(settings: dict[str, int] | None) -> int:
+    """The number of processes that split each clip (1 without context parallelism)."""
+    return 1 if settings is None else settings["ulysses_degree"] * settings["ring_degree"]
+
+
+def check_training(cfg: Any, accelerator: Any = None) -> None:
+    """A typed ConfigError when `cfg` (a RunConfig; config.py imports this module, so the type is not named here)
+    trains under context parallelism in a way this repository does not support:
+    a method outside `TRAINABLE`, or DeepSpeed (its engine owns the gradients that `Policy.step` rescales)."""
+    if cfg.model.context_parallel is None:
+        return
+    if cfg.train.algorithm not in TRAINABLE:
+        raise ConfigError(f"train.algorithm {cfg.train.algorithm!r} is not supported under "
+                          f"model.context_parallel; supported: {', '.join(TRAINABLE)} (see docs/context_parallel.md), or leave "
+                          "model.context_parallel unset")
+    if accelerator is not None and str(getattr(accelerator, "distributed_type", "")).endswith("DEEPSPEED"):
+        raise ConfigError("model.context_parallel does not train under DeepSpeed (its engine owns the gradients, "
+                          "which each context-parallel process holds only a share of): launch with DDP or FSDP")
 
 
 @contextlib.contextmanager
@@ -89,13 +123,13 @@ def enable_context_parallel(adapter: Any, settings: dict[str, int] | None) -> No
         return
     import torch.distributed as dist
 
-    degree = settings["ulysses_degree"] * settings["ring_degree"]
+    size = degree(settings)
     if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(f"model.context_parallel splits each clip over {degree} processes, but this is one "
-                          f"process: launch with `torchrun --nproc_per_node {degree}` (or accelerate launch "
-                          f"--num_processes {degree}), see docs/context_parallel.md")
-    if dist.get_world_size() != degree:
-        raise ConfigError(f"model.context_parallel's group ({degree} processes: ulysses {settings['ulysses_degree']}"
+        raise ConfigError(f"model.context_parallel splits each clip over {size} processes, but this is one "
+                          f"process: launch with `torchrun --nproc_per_node {size}` (or accelerate launch "
+                          f"--num_processes {size}), see docs/context_parallel.md")
+    if dist.get_world_size() != size:
+        raise ConfigError(f"model.context_parallel's group ({size} processes: ulysses {settings['ulysses_degree']}"
                           f" x ring {settings['ring_degree']}) must span all {dist.get_world_size()} processes")
     if adapter.modality != "video":
         raise ConfigError(f"model.context_parallel is for video transformers; a {adapter.family} pipeline makes "

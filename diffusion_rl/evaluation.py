@@ -10,11 +10,13 @@ from typing import Any
 import torch
 
 from diffusion_rl.config import RunConfig
+from diffusion_rl.context_parallel import degree
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.memory_settings import rollout_kwargs
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import rollout
+from diffusion_rl.sample_assignment import DataRank
 from mmreward.errors import ConfigError
 from mmreward.prompt_sources import score_with_metadata
 
@@ -26,14 +28,16 @@ EVAL_EPOCH = 1_000_003  # the noise counter of evaluation samples: fixed, so eve
 def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
              rewards: dict[str, Any], embeds_for: Callable[[list[str]], PromptEmbeds], grid: Path | None) -> dict[str, float]:
     """ODE / DDIM eta=0 samples of the held-out prompts (EMA weights if kept), `eval_samples_per_prompt` each,
-    split over the processes. Returns the mean and standard error of each reward (and of each per-sample
-    detail a reward reports); saves a grid to `grid` on the main process."""
+    split over the data ranks (a context-parallel group samples the same ones). Returns the mean and standard
+    error of each reward (and of each per-sample detail a reward reports); saves a grid to `grid` on the main
+    process."""
     if not prompts:
         return {}
     acc = policy.accelerator
     n = cfg.prompts.eval_samples_per_prompt
     items = [(p, i) for p in range(len(prompts)) for i in range(n)]
-    mine = items[acc.process_index :: acc.num_processes]
+    data = DataRank.of(acc, degree(cfg.model.context_parallel))
+    mine = items[data.items]
     model = policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
     scores: dict[str, list[float]] = {name: [] for name in rewards}
     images_all = []
@@ -62,7 +66,9 @@ def evaluate(cfg: RunConfig, policy: Policy, adapter: PipelineAdapter, kernel: K
 
     out = {}
     for name, vals in scores.items():
-        allv = torch.tensor(gather_object(vals) if acc.num_processes > 1 else vals, dtype=torch.float64)
+        # one copy per context-parallel group: its other processes scored the same samples
+        allv = torch.tensor(gather_object(vals if data.leader else []) if acc.num_processes > 1 else vals,
+                            dtype=torch.float64)
         allv = allv[~torch.isnan(allv)]  # a detail may not apply to every prompt (NaN)
         if len(allv) == 0:
             continue

@@ -16,6 +16,7 @@ import torch
 from diffusion_rl import memory_settings
 from diffusion_rl.accelerator import name_fsdp_blocks
 from diffusion_rl.config import RunConfig
+from diffusion_rl.context_parallel import check_training, degree
 from diffusion_rl.ema import EMA
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import DEFAULT_LORA_TARGETS, PipelineAdapter, PromptEmbeds, Schedule
@@ -29,11 +30,10 @@ class Policy:
 
     def __init__(self, cfg: RunConfig, adapter: PipelineAdapter, accelerator: Any) -> None:
         self.accelerator = accelerator
-        if cfg.model.context_parallel is not None:
-            raise ConfigError("model.context_parallel splits rollouts only so far: training under context parallelism "
-                              "needs every process of the group to own the same samples and sum their gradients "
-                              "(each holds one sequence shard's share), which the trainer's data-parallel sharding "
-                              "does not do yet; see docs/context_parallel.md")
+        check_training(cfg, accelerator)
+        # under context parallelism each process's gradient is its sequence shard's share (diffusion_rl/
+        # context_parallel.py): `step` turns DDP's mean over the group's processes into their sum
+        self.cp_degree = degree(cfg.model.context_parallel)
         model = adapter.denoiser
         self.ref_model = None
         if cfg.train.kl_beta > 0 and cfg.train.kl_reference == "copy":
@@ -87,8 +87,11 @@ class Policy:
 
     def step(self) -> float | None:
         """Clip, apply and clear the accumulated gradients, then update the EMA; returns the gradient norm
-        before clipping (None when clipping is off)."""
+        before clipping (None when clipping is off). Under context parallelism the (DDP-averaged) gradients are
+        first multiplied by the degree."""
         grad_norm = None
+        if self.cp_degree > 1:  # the mean of the group's shard shares -> their sum, the whole clip's gradient
+            torch._foreach_mul_([p.grad for p in self.trainable if p.grad is not None], float(self.cp_degree))
         if self.max_grad_norm is not None:
             norm = self.accelerator.clip_grad_norm_(self.trainable, self.max_grad_norm)
             grad_norm = None if norm is None else float(norm)  # DeepSpeed clips itself and may report no norm

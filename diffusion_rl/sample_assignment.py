@@ -7,11 +7,17 @@ global batch equals a 1-process run.
 - rewards are gathered and put in canonical (slot, sample) order before normalisation (`CanonicalOrder`);
 - minibatch m holds local groups [m L/M, (m+1) L/M), whose union over processes is global slots
   [m P/M, (m+1) P/M); each process averages its loss and DDP averages the gradients.
+
+Under context parallelism (`model.context_parallel`, diffusion_rl/context_parallel.py) the `degree` processes of
+a group split each clip's tokens, so they must all hold the *same* samples: "process r of W" above is then the
+data rank `process_index // degree` of `num_processes // degree` data-parallel groups (`DataRank`), and a
+gather keeps one copy of each group's samples (its leader's, `CanonicalOrder`, `one_copy_per_group`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,14 +30,58 @@ from mmreward.errors import ConfigError
 PROMPT_DRAW, TRAIN_STEP_DRAW, SDE_WINDOW_DRAW = -2, -3, -4
 
 
-def check_divisible(sample: SampleConfig, train: TrainConfig, num_processes: int) -> None:
-    """Every process holds whole groups, and every minibatch whole groups."""
-    if sample.prompts_per_iteration % num_processes:
+@dataclass(frozen=True)
+class DataRank:
+    """This process's place among the data-parallel groups: `rank` of `world`. Without context parallelism
+    (`cp_degree` 1) that is the process index of the number of processes; with it, the `cp_degree` consecutive
+    processes of a group (diffusers' device mesh puts its sequence dimensions last) share one data rank, and the
+    first of them is its `leader`, the one whose copy of the group's results a gather keeps."""
+
+    rank: int
+    world: int
+    cp_degree: int = 1
+    leader: bool = True
+
+    @classmethod
+    def of(cls, accelerator: Any, cp_degree: int = 1) -> DataRank:
+        if cp_degree < 1 or accelerator.num_processes % cp_degree:
+            raise ConfigError(f"{accelerator.num_processes} processes cannot form context-parallel groups of "
+                              f"{cp_degree}: launch a multiple of {cp_degree} processes")
+        index = accelerator.process_index
+        return cls(index // cp_degree, accelerator.num_processes // cp_degree, cp_degree, index % cp_degree == 0)
+
+    @property
+    def items(self) -> slice:
+        """This data rank's share of a list split round-robin (the evaluation's samples)."""
+        return slice(self.rank, None, self.world)
+
+
+def one_copy_per_group(gathered: torch.Tensor, num_processes: int, cp_degree: int) -> torch.Tensor:
+    """Of an all-gather of `num_processes` equal chunks in rank order, the chunks of each context-parallel group's
+    leader (ranks 0, cp_degree, 2 cp_degree, ...): the others are copies of the same samples."""
+    if cp_degree == 1:
+        return gathered
+    if len(gathered) % num_processes:
+        raise ValueError(f"an all-gather of {len(gathered)} rows is not {num_processes} equal chunks")
+    chunks = gathered.reshape(num_processes, len(gathered) // num_processes, *gathered.shape[1:])
+    return chunks[::cp_degree].flatten(0, 1)
+
+
+def check_divisible(sample: SampleConfig, train: TrainConfig, num_processes: int, cp_degree: int = 1) -> None:
+    """Every data-parallel group (a process, or a context-parallel group of `cp_degree` processes) holds whole
+    groups, and every minibatch whole groups."""
+    if num_processes % cp_degree:
+        raise ConfigError(f"{num_processes} processes cannot form context-parallel groups of {cp_degree} "
+                          f"(model.context_parallel): launch a multiple of {cp_degree} processes")
+    data_world = num_processes // cp_degree
+    holders = (f"data-parallel groups ({data_world}: {num_processes} processes / context-parallel degree "
+               f"{cp_degree})" if cp_degree > 1 else f"processes ({num_processes})")
+    if sample.prompts_per_iteration % data_world:
         raise ConfigError(
             f"sample.prompts_per_iteration ({sample.prompts_per_iteration}) must be divisible by the number "
-            f"of processes ({num_processes}) so that every process holds whole groups"
+            f"of {holders} so that every process holds whole groups"
         )
-    local_groups = sample.prompts_per_iteration // num_processes
+    local_groups = sample.prompts_per_iteration // data_world
     if local_groups % train.num_minibatches:
         raise ConfigError(
             f"each process holds {local_groups} groups, not divisible by train.num_minibatches "
@@ -47,10 +97,10 @@ def prompts_for_iteration(train_prompts: list[str], count: int, seed: int, it: i
     return [train_prompts[i] for i in order.tolist()]
 
 
-def local_samples(count: int, group_size: int, process_index: int, num_processes: int
+def local_samples(count: int, group_size: int, data_rank: int, data_world: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slots, sample_ids) of this process's samples, (N,) each, grouped by slot."""
-    slots = torch.tensor(list(range(process_index, count, num_processes))).repeat_interleave(group_size)
+    """(slots, sample_ids) of this data rank's samples (`DataRank`), (N,) each, grouped by slot."""
+    slots = torch.tensor(list(range(data_rank, count, data_world))).repeat_interleave(group_size)
     return slots, torch.arange(group_size).repeat(len(slots) // group_size)
 
 
@@ -88,16 +138,22 @@ def select_train_steps(train: TrainConfig, it: int, mask: torch.Tensor, slots: t
 
 class CanonicalOrder:
     """Moves per-sample tensors between this process's order and the canonical (slot, sample) order of all
-    processes' samples. Constructing it is a collective operation (every process must call it)."""
+    processes' samples. Constructing it is a collective operation (every process must call it). Under context
+    parallelism (`cp_degree` > 1) the processes of a group hold the same samples; only the group leader's rows
+    are kept, so every sample appears once."""
 
-    def __init__(self, accelerator: Any, slots: torch.Tensor, sample_ids: torch.Tensor, group_size: int) -> None:
-        self.accelerator = accelerator
+    def __init__(self, accelerator: Any, slots: torch.Tensor, sample_ids: torch.Tensor, group_size: int,
+                 cp_degree: int = 1) -> None:
+        self.accelerator, self.cp_degree = accelerator, cp_degree
         self.local_keys = (slots * group_size + sample_ids).to(accelerator.device)
-        self.all_keys = accelerator.gather(self.local_keys)
+        self.all_keys = self._one_copy(accelerator.gather(self.local_keys))
+
+    def _one_copy(self, gathered: torch.Tensor) -> torch.Tensor:
+        return one_copy_per_group(gathered, self.accelerator.num_processes, self.cp_degree)
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """All processes' values of a per-sample tensor, in canonical order."""
-        gathered = self.accelerator.gather(local.to(self.accelerator.device).contiguous())
+        gathered = self._one_copy(self.accelerator.gather(local.to(self.accelerator.device).contiguous()))
         out = torch.empty_like(gathered)
         out[self.all_keys] = gathered
         return out

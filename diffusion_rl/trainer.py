@@ -28,6 +28,7 @@ import torch
 from diffusion_rl import (
     branching,
     checkpointing,
+    context_parallel,
     hacking_guard,
     memory_settings,
     reporting,
@@ -58,7 +59,10 @@ class Trainer:
         self.cfg = cfg
         self.accelerator = acc = accelerator or make_accelerator(cfg)
         # everything a user can get wrong in the config is checked before the (slow) pipeline load
-        sample_assignment.check_divisible(cfg.sample, cfg.train, acc.num_processes)
+        context_parallel.check_training(cfg, acc)
+        self.cp_degree = context_parallel.degree(cfg.model.context_parallel)  # processes that split each clip
+        sample_assignment.check_divisible(cfg.sample, cfg.train, acc.num_processes, self.cp_degree)
+        self.data_rank = sample_assignment.DataRank.of(acc, self.cp_degree)  # a CP group owns the same samples
         self.train_prompts = cfg.prompts.load("train")
         if not self.train_prompts:
             raise ConfigError("prompts.train is empty: give a list of prompts or a text file with one per line")
@@ -117,10 +121,11 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def local_prompts(self, it: int) -> tuple[list[str], list[str], torch.Tensor, torch.Tensor]:
         """(the prompt of every slot, this process's sample prompts, their slots, their sample ids)."""
-        cfg, acc = self.cfg, self.accelerator
+        cfg = self.cfg
         n = cfg.sample.prompts_per_iteration
         slot_prompts = sample_assignment.prompts_for_iteration(self.train_prompts, n, cfg.train.seed, it)
-        slots, sample_ids = sample_assignment.local_samples(n, cfg.sample.group_size, acc.process_index, acc.num_processes)
+        slots, sample_ids = sample_assignment.local_samples(n, cfg.sample.group_size, self.data_rank.rank,
+                                                            self.data_rank.world)
         return slot_prompts, [slot_prompts[s] for s in slots.tolist()], slots, sample_ids
 
     @torch.no_grad()
@@ -141,7 +146,7 @@ class Trainer:
             scoring.submit(prompts[sl], parts[-1].images)  # scored now, or (overlap) while the next chunk rolls out
         traj = Trajectory.cat(parts)
         rewards = scoring.result(acc.device)
-        order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
+        order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size, self.cp_degree)
         train_steps = sample_assignment.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)
         w = branching.step_weights(cfg.sample, cfg.train.noise_aware_weight, self.adapter, self.kernel, traj.schedule)
         return RolloutBatch(traj, prompts, slots.to(acc.device), rewards, train_steps, slot_prompts, step_weights=w), order

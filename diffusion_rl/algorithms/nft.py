@@ -37,6 +37,7 @@ import torch
 
 from diffusion_rl.algorithms.grpo import grpo_advantages
 from diffusion_rl.config import RunConfig
+from diffusion_rl.context_parallel import degree
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
@@ -201,7 +202,8 @@ class DiffusionNFT:
         images = torch.cat([adapter.decode(x0_all[i]) for i in torch.split(torch.arange(n), cfg.sample.batch_size)])
         rewards = {name: score_with_metadata(r, prompts, images, self.metadata).scores.float().to(acc.device)
                    for name, r in self.rewards.items()}
-        order = CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
+        # under context parallelism the group's processes hold the same samples: the gather keeps one copy
+        order = CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size, degree(cfg.model.context_parallel))
         adv_all, metrics = grpo_advantages({k: order.gather(v) for k, v in rewards.items()}, order.gather(slots),
                                            cfg.reward.rewards, cfg.advantage, cfg.reward.aggregation)
         clip_max = cfg.advantage.clip_max if cfg.advantage.clip_max is not None else 1.0

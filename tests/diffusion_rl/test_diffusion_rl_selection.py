@@ -3,8 +3,6 @@ processes as on 1, neutral when off, and one GRPO iteration of the `dance_grpo_v
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from diffusion_rl import sample_assignment
 from diffusion_rl.config import from_dict
 from diffusion_rl.selection import best_worst_indices, best_worst_mask
 from mmreward.errors import ConfigError
+from tests._helpers.thread_accelerator import ThreadAccelerator, run_threads
 
 
 def _brute_force(adv: list[float], groups: list[int], k: int) -> set[int]:
@@ -47,50 +46,18 @@ def test_mask_off_small_groups_and_bad_input():
         best_worst_mask(adv, groups[:3], 1)
 
 
-class _ThreadAccelerator:
-    """accelerate's gather semantics (concatenate every process's tensor in rank order) for W threads, so a
-    collective function runs as W processes would run it."""
-
-    def __init__(self, rank: int, world: int, board: list, barrier: threading.Barrier) -> None:
-        self.process_index, self.num_processes, self.device = rank, world, torch.device("cpu")
-        self.board, self.barrier = board, barrier
-
-    def gather(self, t: torch.Tensor) -> torch.Tensor:
-        self.board[self.process_index] = t.clone()
-        self.barrier.wait()
-        out = torch.cat(list(self.board))
-        self.barrier.wait()  # nobody overwrites the board before everyone has read it
-        return out
-
-
 def _run_processes(world: int, prompts: int, group: int, adv_table: torch.Tensor, k: int) -> list[set[int]]:
     """Canonical keys (slot * group + sample) each process keeps."""
-    board: list = [None] * world
-    barrier = threading.Barrier(world)
-    kept: list[set[int]] = [set() for _ in range(world)]
-    errors: list[BaseException] = []
 
-    def work(rank: int) -> None:
-        try:
-            acc = _ThreadAccelerator(rank, world, board, barrier)
-            slots, sample_ids = sample_assignment.local_samples(prompts, group, rank, world)
-            order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, group)
-            local_adv = adv_table[slots, sample_ids]
-            idx = best_worst_indices(local_adv, slots, order, k)
-            assert torch.equal(idx, idx.sort().values)  # ascending: local groups stay contiguous
-            kept[rank] = set((slots[idx] * group + sample_ids[idx]).tolist())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-            barrier.abort()
+    def work(acc: ThreadAccelerator) -> set[int]:
+        slots, sample_ids = sample_assignment.local_samples(prompts, group, acc.process_index, world)
+        order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, group)
+        local_adv = adv_table[slots, sample_ids]
+        idx = best_worst_indices(local_adv, slots, order, k)
+        assert torch.equal(idx, idx.sort().values)  # ascending: local groups stay contiguous
+        return set((slots[idx] * group + sample_ids[idx]).tolist())
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return kept
+    return run_threads(world, work)
 
 
 def test_two_processes_select_on_the_gathered_groups_like_one_process():
