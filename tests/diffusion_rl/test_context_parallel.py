@@ -178,8 +178,8 @@ def _train_cfg(pipe_dir: str, out: Path, algorithm: str, context_parallel: dict 
     }
 
 
-# two processes train 2 iterations of tiny Wan under Ulysses, then one process the same run: 30-75 s per method
-# on the 2 shared cores, so slow; the sample assignment, gathers and gradient factor have cheap tests above
+# two processes train 2 iterations of tiny Wan under Ulysses, then one process the same run: 15 s per method on
+# 2 quiet cores, up to 75 s on busy ones, so slow; the sample assignment, gathers and gradient factor have cheap tests above
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm, port", [("grpo", 29561), ("nft", 29562), ("grpo_guard", 29563), ("ddpo", 29564),
                                              ("pref_grpo", 29565)])
