@@ -6,7 +6,7 @@
 Each method trains the tiny ShapesWorld generator (every transformer weight) on the 18 `colors` training prompts
 against the hardened ShapesWorld CLIP (`clipscore` with assets/shapesworld/clip-hardened: a learned proxy), and is
 evaluated on the 6 held-out colour-shape pairs with the exact checker it never sees (`shapes-eval`, strict
-accuracy), which is also the gold reward of the reward-hacking monitor (`train.hacking_guard: warn`, window 3,
+accuracy), which is also the gold reward of the reward-hacking monitor (`guard.mode: warn`, window 3,
 tolerance 0.02; diffusion_rl/hacking_guard.py). Every run uses the same rollout geometry (prompts x group size per
 iteration, sampling steps, resolution) and the same evaluation noise; what differs is each method's own loss and
 knobs, taken from its preset (the papers' defaults) with a shared learning rate for this full fine-tune.
@@ -52,7 +52,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "grpo": {"preset": "flow_grpo",
              "sample": {"kernel": "flow_sde", "noise_level": 0.7, "sde_window": [0, 4], "guidance_scale": 4.0},
              "train": {"clip_range": 2e-3, "timestep_fraction": 0.5, "timestep_selection": "random", "kl_beta": 0.04,
-                       "kl_mode": "exact", "ema": False}},
+                       "ema": False},
+             "ppo": {"kl_mode": "exact"}},
     # configs/shapes_nft.yaml: CFG-free DPM-Solver++ rollouts, 7 of 8 steps trained, KL 1e-4
     "nft": {"preset": "diffusion_nft", "sample": {"guidance_scale": 1.0},
             "train": {"timestep_fraction": 0.99, "kl_beta": 1e-4, "ema": False}},
@@ -65,27 +66,27 @@ METHODS: dict[str, dict[str, Any]] = {
     "dgpo": {"preset": "dgpo", "sample": {"guidance_scale": 4.0}},
     # KL to the reference at CFG 4 (the evaluation's scale; the preset's 4.5 is SD3.5's)
     "crd": {"preset": "crd", "sample": {"guidance_scale": 1.0},
-            "train": {"crd_kl_cfg": 4.0}},
+            "crd": {"kl_cfg": 4.0}},
     # configs/shapes_draft.yaml: DRaFT-1 through CFG 4 on ODE samples
     "draft": {"preset": "draft", "sample": {"kernel": "ode", "noise_level": 0.0, "guidance_scale": 4.0},
               "model": {"gradient_checkpointing": True}, "train": {"learning_rate": LR_BACKPROP}},
     # ReFL's one-step x0 at a late step; loss scale 1 and no margin (ReFL.py's relu(2 - r) * 1e-3 is for
     # ImageReward's scale and a 1e-5 UNet lr): the reward itself, as DRaFT
     "refl": {"preset": "refl", "sample": {"kernel": "ode", "noise_level": 0.0, "guidance_scale": 4.0},
-             "train": {"refl_loss": "identity", "refl_scale": 1.0, "learning_rate": LR_BACKPROP}},
+             "refl": {"loss": "identity", "scale": 1.0}, "train": {"learning_rate": LR_BACKPROP}},
 }
 OPTIONAL_METHODS: dict[str, dict[str, Any]] = {  # added when the algorithm is registered (other helpers' work)
     "grpo_guard": {"preset": "grpo_guard",
                    "sample": {"kernel": "flow_sde", "noise_level": 0.7, "sde_window": [0, 4], "guidance_scale": 4.0},
                    "train": {"ema": False}},
     # PRDP on the flow model: grpo's Flow-SDE rollouts (its preset's DDIM is the paper's UNet sampler); the frozen
-    # copy is its reference (kl_beta only creates it: beta = prdp_beta is PRDP's KL weight). beta is in reward units:
+    # copy is its reference (kl_beta only creates it: beta = prdp.beta is PRDP's KL weight). beta is in reward units:
     # the paper's 10 is for HPSv2/PickScore (~0.3), CLIPScore here is 100 cos, so 1000 (on 8 iterations of 16
     # samples, beta 10 and 100 fell 2-4 points of CLIPScore below grpo at every iteration, 1000 did not)
     "prdp": {"preset": "prdp",
              "sample": {"kernel": "flow_sde", "noise_level": 0.7, "sde_window": [0, 4], "guidance_scale": 4.0},
-             "train": {"kl_beta": 1e-4, "timestep_fraction": 0.5, "timestep_selection": "random",
-                       "prdp_beta": 1000.0}},
+             "train": {"kl_beta": 1e-4, "timestep_fraction": 0.5, "timestep_selection": "random"},
+             "prdp": {"beta": 1000.0}},
 }
 
 
@@ -119,8 +120,9 @@ def base_config(*, prompts_per_iteration: int, group_size: int, num_steps: int, 
         "advantage": {"std_scope": "group", "eps": 1e-4, "clip_max": 5.0},
         "train": {"iterations": 10_000, "learning_rate": LR, "weight_decay": 1e-4, "max_grad_norm": 1.0,
                   "num_minibatches": 1, "micro_batch_size": prompts_per_iteration * group_size,
-                  "hacking_guard": "warn", "hacking_window": 3, "hacking_tolerance": 0.02, "probe": "off",
+                  "probe": "off",
                   "kl_reference": "copy"},  # a full fine-tune: the reference (KL, DPO-style losses) is a frozen copy
+        "guard": {"mode": "warn", "window": 3, "tolerance": 0.02},
         "prompts": {"train": TRAIN_PROMPTS, "eval": EVAL_PROMPTS, "eval_samples_per_prompt": eval_samples},
         "log": {"gold_rewards": ["shapes-eval"], "eval_every": eval_every, "grid_every": 0, "save_every": 0,
                 "progress": False, "eval_at_start": False},
@@ -298,7 +300,7 @@ Every method trains the tiny ShapesWorld generator (all transformer weights) on 
 against the hardened ShapesWorld CLIP (`clipscore` on assets/shapesworld/clip-hardened, a learned proxy), with the
 same rollout geometry per iteration, and is evaluated on the 6 held-out colour-shape pairs with the same fixed
 evaluation noise. **Held-out strict** is the exact checker's (`shapes-eval`) strict accuracy, never seen by the
-optimiser; it is also the gold reward of the reward-hacking monitor (`train.hacking_guard: warn`, window 3,
+optimiser; it is also the gold reward of the reward-hacking monitor (`guard.mode: warn`, window 3,
 tolerance 0.02), whose alarm is counted per run. **CLIP reward** is the training reward on the evaluation images.
 **Diversity** is the monitor's mean pairwise RMS pixel distance between samples of one prompt. Each method keeps its
 preset's own knobs (the papers' defaults) with this full fine-tune's shared learning rate (1e-4; 5e-5 for the

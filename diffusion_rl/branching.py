@@ -10,7 +10,7 @@ intermediate reward model). The branching step of an iteration is the iteration'
 (`sample.sde_window_size: 1`): random inside `sample.sde_window` each iteration, or cycling through it with
 `sample.sde_window_shift_every: 1` (preset `tempflow_grpo`).
 
-**Noise-aware weighting** (`train.noise_aware_weight`). The policy loss of step j is multiplied by
+**Noise-aware weighting** (`ppo.noise_aware_weight`). The policy loss of step j is multiplied by
 W(j) = Norm(sigma_j sqrt(dt_j)), the std of the step's transition (for Flow-GRPO's SDE sigma_j = a sqrt(s / (1 - s)),
 so the std is sigma_j sqrt(s_j - s_{j+1})), normalised to mean 1 over the steps that can be trained. The
 paper's eq. (7) writes Norm(sigma_t sqrt(dt)); its authors define the normalisation as "the policy loss weight for
@@ -59,18 +59,18 @@ def noise_aware_weights(schedule: Schedule, kernel: Kernel, designated: Sequence
     """(T,) float64: W(j) = std_j / mean over the designated steps of std (the paper's Norm(sigma_t sqrt(dt)))."""
     designated = list(designated)
     if not designated:
-        raise ConfigError("train.noise_aware_weight: no designated steps (sample.sde_window is empty)")
+        raise ConfigError("ppo.noise_aware_weight: no designated steps (sample.sde_window is empty)")
     std = transition_std(schedule, kernel)
     mean = std[designated].mean()
     if not float(mean) > 0:
-        raise ConfigError(f"train.noise_aware_weight: kernel '{kernel.name}' with noise_level {kernel.noise_level} has "
+        raise ConfigError(f"ppo.noise_aware_weight: kernel '{kernel.name}' with noise_level {kernel.noise_level} has "
                           "no noise on the designated steps; use a stochastic kernel (flow_sde, dance_sde, cps, ddim)")
     return std / mean
 
 
 def step_weights(sample: SampleConfig, noise_aware: bool, adapter: PipelineAdapter, kernel: Kernel,
                  schedule: Schedule) -> torch.Tensor | None:
-    """The trainer's per-step policy-loss weights: None (all 1) unless `train.noise_aware_weight`."""
+    """The trainer's per-step policy-loss weights: None (all 1) unless `ppo.noise_aware_weight`."""
     if not noise_aware:
         return None
     return noise_aware_weights(schedule, kernel_for(adapter, kernel), designated_steps(sample)).float()

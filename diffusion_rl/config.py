@@ -1,5 +1,9 @@
 """Run configuration: nested dataclasses with a help string per field, validated in `__post_init__`.
 
+Sections: model, sample, reward, advantage, train (the loop, optimizer and keys several methods share), one section
+per method (ppo, draft, nft, dpo, prdp, raft, awm, dgpo, crd, refl; each names the algorithms that read it, and a
+key the run's train.algorithm does not read is an error), guard (the reward-hacking monitor), prompts and log.
+
 Precedence: dataclass defaults < the algorithm preset named by `preset` < the YAML file < command-line
 overrides (`section.field=value`, values parsed as YAML). Unknown keys are errors that list the valid ones.
 """
@@ -15,7 +19,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import yaml
 
@@ -27,9 +31,12 @@ if typing.TYPE_CHECKING:
     from mmreward.prompt_sources import PromptList
 
 
-def _f(default, help: str, *, required: bool = False, **kw):
-    """A config field with its help string; `required` fields have no usable default (help-keys says so)."""
-    meta = {"help": help, "required": required}
+def _f(default, help: str, *, required: bool = False, readers: tuple[str, ...] | None = None, **kw):
+    """A config field with its help string; `required` fields have no usable default (help-keys says so); `readers`
+    narrows the algorithms that read a key of a method section (the section's READERS otherwise)."""
+    meta: dict[str, Any] = {"help": help, "required": required}
+    if readers is not None:
+        meta["readers"] = readers
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(type(default), default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -185,7 +192,8 @@ class ModelConfig:
                                                            "skips (the pipeline's default [28])")
     context_parallel: dict[str, int] | None = _f(None, "video pipelines: split each clip's tokens over the processes "
                                                  "with diffusers' context parallelism, {ulysses_degree: N} or "
-                                                 "{ring_degree: N} (product = number of processes; ring needs GPUs); "
+                                                 "{ring_degree: N} (product = the group size; processes = groups x "
+                                                 "product; ring needs GPUs); "
                                                  "rollouts, evaluation and training (grpo, grpo_guard, pref_grpo, "
                                                  "ddpo, nft), see docs/context_parallel.md")
 
@@ -351,10 +359,11 @@ class AdvantageConfig:
 class TrainConfig:
     algorithm: str = _f("grpo", "grpo, grpo_guard (GRPO-Guard: RatioNorm + 1 / dt step weights), pref_grpo, ddpo, "
                          "draft (reward backprop: DRaFT-K / AlignProp), nft (DiffusionNFT), dpo (Diffusion-DPO: "
-                         "online, or offline on train.dpo_pairs), raft (reward-ranked fine-tuning), awm "
+                         "online, or offline on dpo.pairs), raft (reward-ranked fine-tuning), awm "
                          "(advantage-weighted matching), prdp (proximal reward difference prediction), dgpo "
                          "(group DPO), crd (centred reward distillation) or refl (ReFL: reward on a one-step x0 "
-                         "prediction at a random late step)")
+                         "prediction at a random late step); the method's own keys are in its section (ppo, draft, "
+                         "nft, dpo, prdp, raft, awm, dgpo, crd, refl)")
     iterations: int = _f(100, "rollout + update iterations")
     learning_rate: float = _f(3e-4, "AdamW learning rate")
     adam_beta1: float = _f(0.9, "AdamW beta1")
@@ -362,17 +371,18 @@ class TrainConfig:
     weight_decay: float = _f(1e-4, "AdamW weight decay")
     adam_eps: float = _f(1e-8, "AdamW epsilon")
     max_grad_norm: float | None = _f(1.0, "gradient clipping norm (None: off)")
+    # read by several methods: the ratio clip of grpo/grpo_guard/pref_grpo/ddpo, prdp's stepwise clip, awm's ratio
+    # clip and dgpo's stop-gradient clip
     clip_range: float = _f(1e-4, "PPO clip range on the per-step ratio")
+    # the trained steps: SDE steps of grpo/grpo_guard/pref_grpo/ddpo/prdp rollouts, schedule steps of nft/dgpo/crd
     timestep_fraction: float = _f(1.0, "fraction of the SDE steps trained per sample (at least one)")
     timestep_selection: str = _f("first", "which SDE steps: the 'first' ones in order (Flow-GRPO) or 'random' per sample (DanceGRPO)")
     num_minibatches: int = _f(1, "optimizer steps per pass over an iteration's samples (split by whole groups)")
     num_inner_epochs: int = _f(1, "passes over each iteration's samples")
     micro_batch_size: int = _f(8, "training forward batch per process")
+    # the reference model: the KL term of grpo/pref_grpo/ddpo/nft/awm/dgpo/crd, the frozen copy dpo and prdp compare with
     kl_beta: float = _f(0.0, "weight of the KL to the reference policy")
-    kl_mode: str = _f("exact", "'exact' Gaussian KL or Flow-GRPO's |dt|-scaled 'flow_grpo' form")
     kl_reference: str = _f("adapter", "reference policy: 'adapter' (LoRA disabled) or 'copy' (frozen copy)")
-    ratio_norm: bool = _f(False, "GRPO-Guard's ratio normalisation and 1 / dt step weight in the PPO loss of grpo, "
-                          "pref_grpo or ddpo (Pref-GRPO --rationorm); always on for grpo_guard")
     ema: bool = _f(False, "keep an EMA of the trained weights, used for evaluation and export")
     ema_decay: float = _f(0.9, "EMA decay (Flow-GRPO: 0.9 every 8 steps)")
     ema_update_every: int = _f(8, "optimizer steps between EMA updates")
@@ -383,89 +393,10 @@ class TrainConfig:
     probe_tolerance: float = _f(1e-4, "max |log ratio| allowed by the probe at ratio 1")
     resume_from: str | None = _f(None, "checkpoint folder to resume from (relative to the current directory, like "
                                  "log.output_dir), or 'latest' in log.output_dir")
-    backprop_steps: int = _f(1, "draft: backpropagate the reward through the last K sampling steps (DRaFT-K)")
-    backprop_strategy: str = _f("fixed", "draft: 'fixed' K (DRaFT) or K uniform in [1, backprop_steps] per iteration (AlignProp)")
-    best_worst_k: int = _f(0, "grpo/pref_grpo: train only the k highest- and k lowest-advantage samples of each group "
-                           "(DanceGRPO's video --bestofn 2k); 0: every sample")
-    nft_beta: float = _f(1.0, "nft: strength beta of the implicit policies v+- = v_old +- beta (v_theta - v_old)")
-    nft_adaptive_weight: bool = _f(True, "nft: divide each sample's x0 error by its mean absolute value (the paper's weighting)")
-    nft_old_decay: list[float] = _f([0.0, 0.001, 0.5], "nft: [flat, rate, cap] of the old policy's soft update "
-                                    "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
-    dpo_beta: float = _f(5000.0, "dpo: temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
-    prdp_beta: float = _f(10.0, "prdp: beta, the KL weight of the RL objective PRDP solves: the model regresses each "
-                          "pair's reward difference / beta from its log-likelihood ratios (its stepwise clip eps is "
-                          "train.clip_range)")
-    dpo_pairs: str | None = _f(None, "dpo: train offline on the preference pairs of this source instead of online ranked "
-                               "samples: a .jsonl or .parquet of {prompt, chosen, rejected} (or the `mmreward "
-                               "train-pref` layouts {prompt, image_a, image_b, label} and Pick-a-Pic's {caption, jpg_0, "
-                               "jpg_1, label_0}), a datasets save_to_disk folder or hf:org/name[:split]; "
-                               "sample.prompts_per_iteration pairs per iteration; None: online")
-    raft_top_k: int = _f(1, "raft: samples of each group kept (the k highest rewards) and fine-tuned on")
-    awm_adv_clip: float = _f(1.0, "awm: advantages are clipped to [-awm_adv_clip, awm_adv_clip] (Flow-Factory adv_clip_range)")
-    dgpo_timesteps: int = _f(4, "dgpo: schedule steps trained per iteration, shared by every sample, drawn from the "
-                             "noisiest train.timestep_fraction of sample.num_steps (the group loss uses train.dpo_beta)")
-    crd_beta: float = _f(1.0, "crd: beta of the centred reward matching (beta R_theta_c - R_c)^2")
-    crd_loss: str = _f("mse", "crd: 'mse' or 'bce' matching of the centred implicit and external rewards")
-    crd_weight_temp: float = _f(-1.0, "crd: centring weights: < 0 the group mean, > 0 dual softmax(+-u / T), 0 hard")
-    crd_adaptive_logp: bool = _f(True, "crd: divide each squared velocity error by its mean absolute value")
-    crd_old_decay: list[float] = _f([0.0, 0.25, 0.005, 0.999], "crd: [start, d0, slope, end] of the old copy's soft "
-                                    "update copy <- d copy + (1 - d) theta, d = min(d0 + slope (step - start), end)")
-    crd_sampling_decay: list[float] = _f([75.0, 0.0, 0.0075, 0.999], "crd: [start, d0, slope, end] of the sampling "
-                                         "copy's soft update (as crd_old_decay)")
-    crd_kl_cfg: float = _f(4.5, "crd: CFG scale of the reference velocity in the KL term")
-    crd_reward_adaptive_kl: bool = _f(True, "crd: scale each sample's KL by 1e-4 / kl_beta + u (1 - 1e-4 / kl_beta)")
-    refl_step_range: list[float] = _f([0.75, 1.0], "refl: the step with grad is drawn uniformly from the step indices "
-                                      "[floor(lo T), ceil(hi T) - 1] of the T sampling steps (ReFL.py: 30..39 of 40)")
-    refl_loss: str = _f("relu", "refl: phi of the loss lambda phi(margin - reward): 'relu' (ReFL.py) or 'identity'")
-    refl_margin: float = _f(2.0, "refl: the margin of relu(margin - reward) (ReFL.py: 2)")
-    refl_scale: float = _f(1e-3, "refl: lambda, the loss scale (ReFL.py --grad_scale 1e-3)")
-    refl_mode: str = _f("refl", "refl: 'refl' (x0 from the sampler's state at the drawn step) or 'direct_align' (SRPO: "
-                        "re-noise the sampled image with its own initial noise to that step, one step with grad, "
-                        "recover x0 analytically; flow models only)")
-    hacking_guard: str = _f("off", "reward-hacking monitor (needs log.gold_rewards): 'warn' logs an alarm when the training "
-                            "reward's trend rises while a gold reward's falls; 'stop' also ends training; 'rollback' "
-                            "also restores the best-by-gold checkpoint, then stops (diffusion_rl.hacking_guard)")
-    hacking_window: int = _f(3, "hacking guard: the trends are least-squares lines over this many latest evaluations (>= 2)")
-    hacking_tolerance: float = _f(0.02, "hacking guard: alarm when a gold reward's fitted change over the window is "
-                                  "below minus this (in the gold reward's units; ~1-2 SE of the evaluation)")
-    hacking_min_rise: float = _f(0.0, "hacking guard: ... and the training reward's fitted change over the window "
-                                 "exceeds this (in its units)")
-    noise_aware_weight: bool = _f(False, "grpo/pref_grpo/ddpo: TempFlow-GRPO's noise-aware weighting, the policy loss of "
-                                  "each step times its transition std (sigma_t sqrt(dt)) normalised to mean 1 over the "
-                                  "steps of sample.sde_window")
 
     def __post_init__(self) -> None:
         _validate_types(self, "train")
-        _choice("train.algorithm", self.algorithm, ["grpo", "grpo_guard", "pref_grpo", "ddpo", "draft", "nft", "dpo",
-                                                    "raft", "refl", "awm", "dgpo", "crd", "prdp"])
-        _positive("train.prdp_beta", self.prdp_beta)
-        _positive("train.dgpo_timesteps", self.dgpo_timesteps)
-        _positive("train.crd_beta", self.crd_beta)
-        _choice("train.crd_loss", self.crd_loss, ["mse", "bce"])
-        for key in ("crd_old_decay", "crd_sampling_decay"):
-            sched = getattr(self, key)
-            if len(sched) != 4 or sched[0] < 0 or not all(0 <= v <= 1 for v in (sched[1], sched[3])) or sched[2] < 0:
-                raise ConfigError(f"train.{key} must be [start >= 0, d0 in [0, 1], slope >= 0, end in [0, 1]], "
-                                  f"got {sched}")
-        _positive("train.awm_adv_clip", self.awm_adv_clip)
-        _positive("train.dpo_beta", self.dpo_beta)
-        _positive("train.raft_top_k", self.raft_top_k)
-        _choice("train.refl_loss", self.refl_loss, ["relu", "identity"])
-        _choice("train.refl_mode", self.refl_mode, ["refl", "direct_align"])
-        _positive("train.refl_scale", self.refl_scale)
-        lo_hi = self.refl_step_range
-        if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1] <= 1:
-            raise ConfigError(f"train.refl_step_range must be [lo, hi] with 0 <= lo < hi <= 1, got {lo_hi}")
-        _positive("train.nft_beta", self.nft_beta)
-        if len(self.nft_old_decay) != 3 or min(self.nft_old_decay) < 0 or self.nft_old_decay[2] >= 1:
-            raise ConfigError(f"train.nft_old_decay must be [flat >= 0, rate >= 0, 0 <= cap < 1], got {self.nft_old_decay}")
-        _positive("train.backprop_steps", self.backprop_steps)
-        _choice("train.backprop_strategy", self.backprop_strategy, ["fixed", "uniform"])
-        _choice("train.hacking_guard", self.hacking_guard, ["off", "warn", "stop", "rollback"])
-        if self.hacking_window < 2:
-            raise ConfigError(f"train.hacking_window must be >= 2 (a trend needs two evaluations), got {self.hacking_window}")
-        _positive("train.hacking_tolerance", self.hacking_tolerance, allow_zero=True)
-        _positive("train.hacking_min_rise", self.hacking_min_rise, allow_zero=True)
+        _choice("train.algorithm", self.algorithm, ALGORITHMS)
         _positive("train.iterations", self.iterations, allow_zero=True)
         _positive("train.learning_rate", self.learning_rate)
         _positive("train.clip_range", self.clip_range)
@@ -485,13 +416,266 @@ class TrainConfig:
         _positive("train.num_inner_epochs", self.num_inner_epochs)
         _positive("train.micro_batch_size", self.micro_batch_size)
         _positive("train.kl_beta", self.kl_beta, allow_zero=True)
-        _choice("train.kl_mode", self.kl_mode, ["exact", "flow_grpo"])
         _choice("train.kl_reference", self.kl_reference, ["adapter", "copy"])
         _choice("train.mixed_precision", self.mixed_precision, [None, "no", "bf16", "fp16"])
         _choice("train.probe", self.probe, ["warn", "error", "off"])
-        _positive("train.best_worst_k", self.best_worst_k, allow_zero=True)
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
+
+
+ALGORITHMS = ("grpo", "grpo_guard", "pref_grpo", "ddpo", "draft", "nft", "dpo", "raft", "refl", "awm", "dgpo", "crd",
+              "prdp")
+
+
+# -- per-method sections -------------------------------------------------------------------------
+# Each method section names the algorithms that read it (READERS; a field may narrow it with `readers`). Setting
+# a key the run's train.algorithm does not read is a ConfigError (RunConfig, from_dict), so one rule replaces the
+# per-key "applies to X, not Y" checks.
+@dataclass
+class PPOConfig:
+    """The PPO update on the rollouts' SDE/DDIM likelihoods."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("grpo", "grpo_guard", "pref_grpo", "ddpo")
+    kl_mode: str = _f("exact", "'exact' Gaussian KL or Flow-GRPO's |dt|-scaled 'flow_grpo' form")
+    ratio_norm: bool = _f(False, "GRPO-Guard's ratio normalisation and 1 / dt step weight in the PPO loss of grpo, "
+                          "pref_grpo or ddpo (Pref-GRPO --rationorm); always on for grpo_guard")
+    best_worst_k: int = _f(0, "grpo/grpo_guard/pref_grpo: train only the k highest- and k lowest-advantage samples of "
+                           "each group (DanceGRPO's video --bestofn 2k); 0: every sample",
+                           readers=("grpo", "grpo_guard", "pref_grpo"))
+    noise_aware_weight: bool = _f(False, "TempFlow-GRPO's noise-aware weighting, the policy loss of each step times its "
+                                  "transition std (sigma_t sqrt(dt)) normalised to mean 1 over the steps of "
+                                  "sample.sde_window")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "ppo")
+        _choice("ppo.kl_mode", self.kl_mode, ["exact", "flow_grpo"])
+        _positive("ppo.best_worst_k", self.best_worst_k, allow_zero=True)
+
+
+@dataclass
+class DraftConfig:
+    """Reward backprop through the last sampling steps (DRaFT-K / AlignProp)."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("draft",)
+    backprop_steps: int = _f(1, "backpropagate the reward through the last K sampling steps (DRaFT-K)")
+    backprop_strategy: str = _f("fixed", "'fixed' K (DRaFT) or K uniform in [1, backprop_steps] per iteration (AlignProp)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "draft")
+        _positive("draft.backprop_steps", self.backprop_steps)
+        _choice("draft.backprop_strategy", self.backprop_strategy, ["fixed", "uniform"])
+
+
+@dataclass
+class NFTConfig:
+    """DiffusionNFT."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("nft",)
+    beta: float = _f(1.0, "strength beta of the implicit policies v+- = v_old +- beta (v_theta - v_old)")
+    adaptive_weight: bool = _f(True, "divide each sample's x0 error by its mean absolute value (the paper's weighting)")
+    old_decay: list[float] = _f([0.0, 0.001, 0.5], "[flat, rate, cap] of the old policy's soft update "
+                                "old <- d old + (1 - d) theta, d = min(rate * (step - flat), cap), 0 before flat")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "nft")
+        _positive("nft.beta", self.beta)
+        if len(self.old_decay) != 3 or min(self.old_decay) < 0 or self.old_decay[2] >= 1:
+            raise ConfigError(f"nft.old_decay must be [flat >= 0, rate >= 0, 0 <= cap < 1], got {self.old_decay}")
+
+
+@dataclass
+class DPOConfig:
+    """Diffusion-DPO, online on ranked samples or offline on a pair dataset."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("dpo",)
+    beta: float = _f(5000.0, "temperature beta of the Diffusion-DPO loss -log sigmoid(-beta/2 (model diff - ref diff))")
+    pairs: str | None = _f(None, "train offline on the preference pairs of this source instead of online ranked "
+                           "samples: a .jsonl or .parquet of {prompt, chosen, rejected} (or the `mmreward "
+                           "train-pref` layouts {prompt, image_a, image_b, label} and Pick-a-Pic's {caption, jpg_0, "
+                           "jpg_1, label_0}), a datasets save_to_disk folder or hf:org/name[:split]; "
+                           "sample.prompts_per_iteration pairs per iteration; None: online")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "dpo")
+        _positive("dpo.beta", self.beta)
+
+
+@dataclass
+class PRDPConfig:
+    """Proximal reward difference prediction (PRDP)."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("prdp",)
+    beta: float = _f(10.0, "beta, the KL weight of the RL objective PRDP solves: the model regresses each "
+                     "pair's reward difference / beta from its log-likelihood ratios (its stepwise clip eps is "
+                     "train.clip_range)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "prdp")
+        _positive("prdp.beta", self.beta)
+
+
+@dataclass
+class RAFTConfig:
+    """Reward-ranked fine-tuning (RAFT)."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("raft",)
+    top_k: int = _f(1, "samples of each group kept (the k highest rewards) and fine-tuned on")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "raft")
+        _positive("raft.top_k", self.top_k)
+
+
+@dataclass
+class AWMConfig:
+    """Advantage-weighted matching (AWM)."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("awm",)
+    adv_clip: float = _f(1.0, "advantages are clipped to [-adv_clip, adv_clip] (Flow-Factory adv_clip_range)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "awm")
+        _positive("awm.adv_clip", self.adv_clip)
+
+
+@dataclass
+class DGPOConfig:
+    """Group DPO (DGPO)."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("dgpo",)
+    timesteps: int = _f(4, "schedule steps trained per iteration, shared by every sample, drawn from the "
+                        "noisiest train.timestep_fraction of sample.num_steps")
+    beta: float = _f(5000.0, "beta of the group loss -log sigmoid(-beta/G sum_i A_i (l_i - l_ref_i)) (the default is "
+                     "dpo.beta's; the dgpo preset: 10)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "dgpo")
+        _positive("dgpo.timesteps", self.timesteps)
+        _positive("dgpo.beta", self.beta)
+
+
+@dataclass
+class CRDConfig:
+    """Centred reward distillation (CRD)."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("crd",)
+    beta: float = _f(1.0, "beta of the centred reward matching (beta R_theta_c - R_c)^2")
+    loss: str = _f("mse", "'mse' or 'bce' matching of the centred implicit and external rewards")
+    weight_temp: float = _f(-1.0, "centring weights: < 0 the group mean, > 0 dual softmax(+-u / T), 0 hard")
+    adaptive_logp: bool = _f(True, "divide each squared velocity error by its mean absolute value")
+    old_decay: list[float] = _f([0.0, 0.25, 0.005, 0.999], "[start, d0, slope, end] of the old copy's soft "
+                                "update copy <- d copy + (1 - d) theta, d = min(d0 + slope (step - start), end)")
+    sampling_decay: list[float] = _f([75.0, 0.0, 0.0075, 0.999], "[start, d0, slope, end] of the sampling "
+                                     "copy's soft update (as old_decay)")
+    kl_cfg: float = _f(4.5, "CFG scale of the reference velocity in the KL term")
+    reward_adaptive_kl: bool = _f(True, "scale each sample's KL by 1e-4 / kl_beta + u (1 - 1e-4 / kl_beta)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "crd")
+        _positive("crd.beta", self.beta)
+        _choice("crd.loss", self.loss, ["mse", "bce"])
+        for key in ("old_decay", "sampling_decay"):
+            sched = getattr(self, key)
+            if len(sched) != 4 or sched[0] < 0 or not all(0 <= v <= 1 for v in (sched[1], sched[3])) or sched[2] < 0:
+                raise ConfigError(f"crd.{key} must be [start >= 0, d0 in [0, 1], slope >= 0, end in [0, 1]], "
+                                  f"got {sched}")
+
+
+@dataclass
+class ReFLConfig:
+    """ReFL and Direct-Align: the reward on a one-step x0 prediction."""
+
+    READERS: ClassVar[tuple[str, ...]] = ("refl",)
+    step_range: list[float] = _f([0.75, 1.0], "the step with grad is drawn uniformly from the step indices "
+                                 "[floor(lo T), ceil(hi T) - 1] of the T sampling steps (ReFL.py: 30..39 of 40)")
+    loss: str = _f("relu", "phi of the loss lambda phi(margin - reward): 'relu' (ReFL.py) or 'identity'")
+    margin: float = _f(2.0, "the margin of relu(margin - reward) (ReFL.py: 2)")
+    scale: float = _f(1e-3, "lambda, the loss scale (ReFL.py --grad_scale 1e-3)")
+    mode: str = _f("refl", "'refl' (x0 from the sampler's state at the drawn step) or 'direct_align' (SRPO: "
+                   "re-noise the sampled image with its own initial noise to that step, one step with grad, "
+                   "recover x0 analytically; flow models only)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "refl")
+        _choice("refl.loss", self.loss, ["relu", "identity"])
+        _choice("refl.mode", self.mode, ["refl", "direct_align"])
+        _positive("refl.scale", self.scale)
+        lo_hi = self.step_range
+        if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1] <= 1:
+            raise ConfigError(f"refl.step_range must be [lo, hi] with 0 <= lo < hi <= 1, got {lo_hi}")
+
+
+@dataclass
+class GuardConfig:
+    """The reward-hacking monitor (diffusion_rl.hacking_guard), for every algorithm."""
+
+    mode: str = _f("off", "reward-hacking monitor (needs log.gold_rewards): 'warn' logs an alarm when the training "
+                   "reward's trend rises while a gold reward's falls; 'stop' also ends training; 'rollback' "
+                   "also restores the best-by-gold checkpoint, then stops (diffusion_rl.hacking_guard)")
+    window: int = _f(3, "the trends are least-squares lines over this many latest evaluations (>= 2)")
+    tolerance: float = _f(0.02, "alarm when a gold reward's fitted change over the window is "
+                          "below minus this (in the gold reward's units; ~1-2 SE of the evaluation)")
+    min_rise: float = _f(0.0, "... and the training reward's fitted change over the window "
+                         "exceeds this (in its units)")
+
+    def __post_init__(self) -> None:
+        _validate_types(self, "guard")
+        _choice("guard.mode", self.mode, ["off", "warn", "stop", "rollback"])
+        if self.window < 2:
+            raise ConfigError(f"guard.window must be >= 2 (a trend needs two evaluations), got {self.window}")
+        _positive("guard.tolerance", self.tolerance, allow_zero=True)
+        _positive("guard.min_rise", self.min_rise, allow_zero=True)
+
+
+# section -> its class; method sections are the ones with READERS
+METHOD_SECTIONS: dict[str, Any] = {
+    "ppo": PPOConfig, "draft": DraftConfig, "nft": NFTConfig, "dpo": DPOConfig, "prdp": PRDPConfig,
+    "raft": RAFTConfig, "awm": AWMConfig, "dgpo": DGPOConfig, "crd": CRDConfig, "refl": ReFLConfig,
+}
+
+# the flat train keys of earlier versions -> where they are now (a config that still uses one fails clearly)
+MOVED_TRAIN_KEYS = {
+    "kl_mode": "ppo.kl_mode", "ratio_norm": "ppo.ratio_norm", "best_worst_k": "ppo.best_worst_k",
+    "noise_aware_weight": "ppo.noise_aware_weight", "backprop_steps": "draft.backprop_steps",
+    "backprop_strategy": "draft.backprop_strategy", "nft_beta": "nft.beta", "nft_adaptive_weight": "nft.adaptive_weight",
+    "nft_old_decay": "nft.old_decay", "dpo_beta": "dpo.beta (dgpo.beta for train.algorithm: dgpo)",
+    "dpo_pairs": "dpo.pairs", "prdp_beta": "prdp.beta", "raft_top_k": "raft.top_k", "awm_adv_clip": "awm.adv_clip",
+    "dgpo_timesteps": "dgpo.timesteps", **{f"crd_{k}": f"crd.{k}" for k in (
+        "beta", "loss", "weight_temp", "adaptive_logp", "old_decay", "sampling_decay", "kl_cfg", "reward_adaptive_kl")},
+    **{f"refl_{k}": f"refl.{k}" for k in ("step_range", "loss", "margin", "scale", "mode")},
+    "hacking_guard": "guard.mode", "hacking_window": "guard.window", "hacking_tolerance": "guard.tolerance",
+    "hacking_min_rise": "guard.min_rise",
+}
+
+
+def _field_readers(section: str, name: str) -> tuple[str, ...] | None:
+    """The algorithms that read `section.name`; None where every algorithm does (a shared section)."""
+    cls = METHOD_SECTIONS.get(section)
+    if cls is None:
+        return None
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
+    return meta[name].get("readers", cls.READERS)
+
+
+def _check_read(section: str, keys: Sequence[str], algorithm: str) -> None:
+    """The one rule of the method sections: every key given must be read by `algorithm`."""
+    for name in keys:
+        readers = _field_readers(section, name)
+        if readers is not None and algorithm not in readers:
+            who = ", ".join(readers[:-1]) + f" and {readers[-1]}" if len(readers) > 1 else readers[0]
+            raise ConfigError(f"{section}.{name} is read by {who}, not by train.algorithm {algorithm}: remove it "
+                              f"(or the whole '{section}' section) or set train.algorithm to "
+                              f"{'one of them' if len(readers) > 1 else readers[0]}")
+
+
+def _non_default(section: Any) -> list[str]:
+    """The fields of a section set away from their defaults."""
+    out = []
+    for f in dataclasses.fields(section):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
+        if getattr(section, f.name) != default:
+            out.append(f.name)
+    return out
 
 
 @dataclass
@@ -544,7 +728,7 @@ class LogConfig:
     progress: bool = _f(True, "show progress bars")
     gold_rewards: list[str] = _f([], "held-out 'gold' rewards (registry names, e.g. [shapes-eval]) scored on the evaluation "
                                  "samples at every evaluation and logged as gold/<name>, with per-prompt sample "
-                                 "diversity; train.hacking_guard watches them")
+                                 "diversity; guard.mode watches them")
 
     def __post_init__(self) -> None:
         _validate_types(self, "log")
@@ -576,6 +760,17 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    prdp: PRDPConfig = field(default_factory=PRDPConfig)
+    raft: RAFTConfig = field(default_factory=RAFTConfig)
+    awm: AWMConfig = field(default_factory=AWMConfig)
+    dgpo: DGPOConfig = field(default_factory=DGPOConfig)
+    crd: CRDConfig = field(default_factory=CRDConfig)
+    refl: ReFLConfig = field(default_factory=ReFLConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -587,18 +782,17 @@ class RunConfig:
                 raise ConfigError(f"config section '{f.name}' must be a {_SECTION_CLASSES[f.name].__name__}, "
                                   f"got {type(section).__name__}")
         algo = self.train.algorithm
-        if self.train.dpo_pairs is not None and algo != "dpo":
-            raise ConfigError(f"train.dpo_pairs is the pair dataset of offline Diffusion-DPO (train.algorithm: dpo); "
-                              f"{algo} does not read it: remove the key or set train.algorithm: dpo")
-        offline_dpo = algo == "dpo" and self.train.dpo_pairs is not None  # pairs from a dataset: no groups
+        # a method section set away from its defaults for an algorithm that does not read it (from_dict also
+        # refuses keys given at their default values)
+        for name in METHOD_SECTIONS:
+            _check_read(name, _non_default(getattr(self, name)), algo)
+        offline_dpo = algo == "dpo" and self.dpo.pairs is not None  # pairs from a dataset: no groups
         grouped = ("grpo", "grpo_guard", "prdp", "pref_grpo", "nft", "dpo", "raft", "awm", "dgpo", "crd")
         if algo in grouped and self.sample.group_size < 2 and not offline_dpo:
             raise ConfigError(
                 f"sample.group_size must be at least 2 for {algo} (advantages compare samples of a prompt), "
                 f"got {self.sample.group_size}"
             )
-        if algo == "ddpo" and self.sample.kernel != "ddim" and not self.advantage.per_prompt_tracking:
-            pass  # DDPO on flow models is allowed; the preset picks DDIM for UNets
         # reward backprop (draft) needs no sampling randomness: ODE and DDIM eta=0 are its usual samplers
         if self.sample.kernel == "ode" and algo not in _FORWARD_PROCESS:
             raise ConfigError("sample.kernel 'ode' has no randomness to learn from; pick flow_sde, dance_sde, cps or ddim")
@@ -617,52 +811,46 @@ class RunConfig:
                 f"sample.prompts_per_iteration ({self.sample.prompts_per_iteration}) must be divisible by "
                 f"train.num_minibatches ({self.train.num_minibatches})"
             )
-        if self.train.hacking_guard != "off" and not self.log.gold_rewards:
-            raise ConfigError(f"train.hacking_guard={self.train.hacking_guard!r} needs gold rewards to watch: set "
-                              "log.gold_rewards, e.g. [shapes-eval], or train.hacking_guard=off")
-        if self.train.hacking_guard != "off" and self.log.eval_every == 0:
-            raise ConfigError("train.hacking_guard watches the periodic evaluations, but log.eval_every is 0; set "
+        if self.guard.mode != "off" and not self.log.gold_rewards:
+            raise ConfigError(f"guard.mode={self.guard.mode!r} needs gold rewards to watch: set "
+                              "log.gold_rewards, e.g. [shapes-eval], or guard.mode=off")
+        if self.guard.mode != "off" and self.log.eval_every == 0:
+            raise ConfigError("guard.mode watches the periodic evaluations, but log.eval_every is 0; set "
                               "log.eval_every to the iterations between evaluations, e.g. 5")
         if self.train.kl_reference == "adapter" and self.train.kl_beta > 0 and not self.model.lora:
             raise ConfigError("train.kl_reference='adapter' needs model.lora=true; use kl_reference='copy' for full fine-tuning")
         frozen_copy = self.train.kl_reference == "copy" and self.train.kl_beta > 0  # the copy dpo/prdp compare with
-        if algo == "prdp" and (not (self.model.lora or frozen_copy) or self.train.ratio_norm
-                               or self.train.noise_aware_weight):
+        if algo == "prdp" and not (self.model.lora or frozen_copy):
             raise ConfigError("train.algorithm prdp regresses reward differences from log-likelihood ratios to a "
-                              "reference (its KL weight is train.prdp_beta): set model.lora: true (the reference is "
+                              "reference (its KL weight is prdp.beta): set model.lora: true (the reference is "
                               "the LoRA-free model) or, for full fine-tuning, train.kl_reference: copy with "
-                              "train.kl_beta > 0 (which only keeps the frozen copy); and train.ratio_norm: false, "
-                              f"train.noise_aware_weight: false (got lora {self.model.lora}, kl_reference "
-                              f"{self.train.kl_reference}, kl_beta {self.train.kl_beta}, ratio_norm "
-                              f"{self.train.ratio_norm}, noise_aware_weight {self.train.noise_aware_weight})")
-        if self.train.best_worst_k and algo not in ("grpo", "grpo_guard", "pref_grpo"):
-            raise ConfigError(f"train.best_worst_k ranks the samples of a group: it applies to grpo, grpo_guard and "
-                              f"pref_grpo, not {algo}; set it to 0")
-        if self.train.noise_aware_weight and algo in _FORWARD_PROCESS:
-            raise ConfigError(f"train.noise_aware_weight weights the per-step policy-gradient loss of grpo, pref_grpo "
-                              f"and ddpo; {algo} has none: set it to false")
+                              "train.kl_beta > 0 (which only keeps the frozen copy) (got lora "
+                              f"{self.model.lora}, kl_reference {self.train.kl_reference}, kl_beta {self.train.kl_beta})")
         if self.sample.branching and algo in _FORWARD_PROCESS:
             raise ConfigError(f"sample.branching shapes the SDE rollouts of grpo, pref_grpo and ddpo; {algo} samples "
                               "without them: set it to false")
-        if algo == "raft" and self.train.raft_top_k >= self.sample.group_size:
-            raise ConfigError(f"train.raft_top_k ({self.train.raft_top_k}) must be below sample.group_size "
+        if algo == "raft" and self.raft.top_k >= self.sample.group_size:
+            raise ConfigError(f"raft.top_k ({self.raft.top_k}) must be below sample.group_size "
                               f"({self.sample.group_size}): keeping every sample ranks nothing")
-        if 2 * self.train.best_worst_k > self.sample.group_size:
-            raise ConfigError(f"train.best_worst_k ({self.train.best_worst_k}) keeps 2k = {2 * self.train.best_worst_k} "
+        if 2 * self.ppo.best_worst_k > self.sample.group_size:
+            raise ConfigError(f"ppo.best_worst_k ({self.ppo.best_worst_k}) keeps 2k = {2 * self.ppo.best_worst_k} "
                               f"samples of each group, more than sample.group_size ({self.sample.group_size}); "
                               f"lower it to at most {self.sample.group_size // 2} or 0 (off)")
 
     # -- dict round trip ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every section except the method sections train.algorithm does not read (from_dict would refuse them)."""
+        algo = self.train.algorithm
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in METHOD_SECTIONS or algo in METHOD_SECTIONS[k].READERS}
 
 
 # methods that sample without SDE likelihoods (any ODE solver) and bring their own iteration
 _FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl", "awm", "dgpo", "crd")
 
-_SECTION_CLASSES = {
+_SECTION_CLASSES: dict[str, type] = {
     "model": ModelConfig, "sample": SampleConfig, "reward": RewardConfig, "advantage": AdvantageConfig,
-    "train": TrainConfig, "prompts": PromptsConfig, "log": LogConfig,
+    "train": TrainConfig, **METHOD_SECTIONS, "guard": GuardConfig, "prompts": PromptsConfig, "log": LogConfig,
 }
 
 
@@ -679,6 +867,7 @@ def _merge(base: dict, update: Mapping) -> dict:
 def from_dict(data: Mapping[str, Any]) -> RunConfig:
     """Build a RunConfig from nested dicts (preset applied first), with errors naming unknown keys."""
     data = dict(data)
+    given = data  # the user's sections, before the preset: every method key in them must be read
     preset = _check_type("preset", str | None, data.get("preset"))
     if preset is not None:
         if preset not in PRESETS:
@@ -694,13 +883,23 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
             raise ConfigError(f"config section '{name}' must be a mapping, got {type(values).__name__}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         bad = set(values) - set(fields)
+        moved = sorted(bad & set(MOVED_TRAIN_KEYS)) if name == "train" else []
+        if moved:
+            where = MOVED_TRAIN_KEYS[moved[0]]
+            new_section, new_key = where.split()[0].split(".")
+            raise ConfigError(f"train.{moved[0]} moved to {where}: write `{new_section}: {{{new_key}: ...}}` in the "
+                              f"YAML or {new_section}.{new_key}=... on the command line (`diffusion-rl config "
+                              "--help-keys` lists every key)")
         if bad:
             raise ConfigError(f"unknown keys in '{name}': {sorted(bad)}; valid keys: {sorted(fields)}")
         checked[name] = values
     # the reward section last: a missing reward.rewards is reported after any mistake in the other sections
     order = [n for n in _SECTION_CLASSES if n != "reward"] + ["reward"]
     sections = {name: _SECTION_CLASSES[name](**checked[name]) for name in order}
-    return RunConfig(preset=preset, **sections)
+    cfg = RunConfig(preset=preset, **sections)
+    for name in METHOD_SECTIONS:
+        _check_read(name, list(given.get(name) or ()), cfg.train.algorithm)
+    return cfg
 
 
 _YAML11_FLOAT_STRING = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -761,7 +960,7 @@ def _relative_to(base: Path, value: str, *, must_exist: bool) -> str:
 def resolve_yaml_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """The inputs named in a YAML file, resolved against the file's folder `base` (a copy of `data`).
 
-    Inputs: model.pretrained, prompts.train / prompts.eval and train.dpo_pairs when they are file names, and reward
+    Inputs: model.pretrained, prompts.train / prompts.eval and dpo.pairs when they are file names, and reward
     options that name a checkpoint or file. Outputs (log.output_dir, and train.resume_from, which points into an
     earlier run's output_dir) stay relative to the current directory, as do values given on the command line.
     Values of the wrong type are left for the dataclasses to report."""
@@ -775,9 +974,9 @@ def resolve_yaml_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
             # a string is a file (a list holds the prompts), unless it names a hub dataset
             if isinstance(prompts.get(key), str) and not prompts[key].startswith("hf:"):
                 prompts[key] = _relative_to(base, prompts[key], must_exist=False)
-    train = data.get("train")
-    if isinstance(train, dict) and isinstance(train.get("dpo_pairs"), str) and not train["dpo_pairs"].startswith("hf:"):
-        train["dpo_pairs"] = _relative_to(base, train["dpo_pairs"], must_exist=False)  # an input file, like prompts
+    dpo = data.get("dpo")
+    if isinstance(dpo, dict) and isinstance(dpo.get("pairs"), str) and not dpo["pairs"].startswith("hf:"):
+        dpo["pairs"] = _relative_to(base, dpo["pairs"], must_exist=False)  # an input file, like prompts
     reward = data.get("reward")
     if isinstance(reward, dict) and isinstance(reward.get("options"), Mapping):
         options = {}

@@ -11,15 +11,15 @@ images (no extra sampling):
                          pairs of all prompts (0: every prompt collapsed to one image; images in [0, 1])
     hacking_alarm        1.0 at an evaluation where the rule below fires, else 0.0
 
-The rule (`train.hacking_window` W, `train.hacking_tolerance`, `train.hacking_min_rise`): over the last W
+The rule (`guard.window` W, `guard.tolerance`, `guard.min_rise`): over the last W
 evaluations fit a least-squares line to the training reward and to each gold reward against the iteration, and
 take the fitted change across the window, slope * (last iteration - first iteration). The alarm fires when the
-training reward's fitted change exceeds `hacking_min_rise` while some gold reward's fitted change is below
-`-hacking_tolerance`. A fitted line over W points is less sensitive to one noisy evaluation than a difference of
+training reward's fitted change exceeds `guard.min_rise` while some gold reward's fitted change is below
+`-guard.tolerance`. A fitted line over W points is less sensitive to one noisy evaluation than a difference of
 two, and the tolerance is in the gold reward's own units (for an accuracy, about 1-2 standard errors of the
 evaluation).
 
-What an alarm does (`train.hacking_guard`): `warn` logs a line and the metric; `stop` also ends training after
+What an alarm does (`guard.mode`): `warn` logs a line and the metric; `stop` also ends training after
 this iteration (the final checkpoint and export are written as usual); `rollback` also restores the best-by-gold
 checkpoint (weights, optimizer and EMA) and stops, so the final checkpoint and `final/` export hold the model
 with the best gold score seen. We stop rather than continue at a lower learning rate: the reward that was
@@ -133,11 +133,11 @@ class HackingGuard:
                               "prompts.eval is empty; give held-out prompts or leave log.gold_rewards empty")
         self.cfg = cfg
         self.gold = list(cfg.log.gold_rewards)
-        self.mode = cfg.train.hacking_guard
+        self.mode = cfg.guard.mode
         self.stopped = False  # set on an alarm in 'stop' / 'rollback' mode: the trainer ends the run
         self.out_dir, self.actions = out_dir, actions
         if self.mode != "off" and self.gold and (out_dir is None or actions is None):
-            raise ConfigError(f"train.hacking_guard={self.mode!r} keeps and restores the best-by-gold checkpoint: "
+            raise ConfigError(f"guard.mode={self.mode!r} keeps and restores the best-by-gold checkpoint: "
                               "the guard needs the run's output folder and actions")
 
     @property
@@ -180,15 +180,15 @@ class HackingGuard:
             out["guard/best_iteration"] = float(best["iteration"])
         gold = {g: [h.get(f"gold/{g}", math.nan) for h in points] for g in self.gold}
         falling = falling_gold([h["iteration"] for h in points], [h.get("guard/train_reward", math.nan) for h in points],
-                               gold, self.cfg.train.hacking_window, self.cfg.train.hacking_tolerance,
-                               self.cfg.train.hacking_min_rise)
+                               gold, self.cfg.guard.window, self.cfg.guard.tolerance,
+                               self.cfg.guard.min_rise)
         out["hacking_alarm"] = float(bool(falling))
         if not falling:
             return out
         self.actions.say(
             f"reward-hacking alarm at iteration {iteration}: the training reward rose over the last "
-            f"{self.cfg.train.hacking_window} evaluations while {', '.join(falling)} fell by more than "
-            f"{self.cfg.train.hacking_tolerance:g} ({self.mode})")
+            f"{self.cfg.guard.window} evaluations while {', '.join(falling)} fell by more than "
+            f"{self.cfg.guard.tolerance:g} ({self.mode})")
         if self.mode in ("stop", "rollback"):
             self.stopped = True
         if self.mode == "rollback" and best is not None:

@@ -13,9 +13,10 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     # Flow-GRPO on SD3.5-Medium (config/grpo.py: pickscore_sd3 / geneval_sd3 and base.py)
     "flow_grpo": {
         "train": {"algorithm": "grpo", "learning_rate": 3e-4, "clip_range": 1e-4, "timestep_fraction": 0.99,
-                  "timestep_selection": "first", "kl_beta": 0.04, "kl_mode": "flow_grpo", "kl_reference": "adapter",
+                  "timestep_selection": "first", "kl_beta": 0.04, "kl_reference": "adapter",
                   "num_minibatches": 2, "weight_decay": 1e-4, "max_grad_norm": 1.0, "ema": True, "ema_decay": 0.9,
                   "ema_update_every": 8},
+        "ppo": {"kl_mode": "flow_grpo"},
         "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 4.5, "kernel": "flow_sde",
                    "noise_level": 0.7, "group_size": 24, "prompts_per_iteration": 48},
         "advantage": {"std_scope": "global", "unbiased": False, "eps": 1e-4, "clip_max": 5.0},
@@ -72,7 +73,8 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     "dance_grpo_video": {
         "train": {"algorithm": "grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
                   "timestep_selection": "random", "kl_beta": 0.0, "max_grad_norm": 1.0, "weight_decay": 1e-4,
-                  "best_worst_k": 4, "micro_batch_size": 1},
+                  "micro_batch_size": 1},
+        "ppo": {"best_worst_k": 4},
         "sample": {"num_steps": 16, "guidance_scale": 6.0, "kernel": "dance_sde", "noise_level": 0.25,
                    "group_size": 24, "share_initial_noise": True, "prompts_per_iteration": 32, "batch_size": 1},
         "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
@@ -86,9 +88,9 @@ GRPO_PRESETS: dict[str, dict[str, Any]] = {
     # (their step std includes sqrt(dt)), group-std advantages (global_std False), 2 optimizer steps per iteration
     "tempflow_grpo": {
         "train": {"algorithm": "grpo", "learning_rate": 3e-4, "clip_range": 1e-4, "timestep_fraction": 1.0,
-                  "kl_beta": 0.004, "kl_mode": "exact", "kl_reference": "adapter", "num_minibatches": 2,
-                  "weight_decay": 1e-4, "max_grad_norm": 1.0, "ema": True, "ema_decay": 0.9, "ema_update_every": 8,
-                  "noise_aware_weight": True},
+                  "kl_beta": 0.004, "kl_reference": "adapter", "num_minibatches": 2,
+                  "weight_decay": 1e-4, "max_grad_norm": 1.0, "ema": True, "ema_decay": 0.9, "ema_update_every": 8},
+        "ppo": {"kl_mode": "exact", "noise_aware_weight": True},
         "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 4.5, "kernel": "flow_sde",
                    "noise_level": 0.7, "sde_window": [0, 9], "sde_window_size": 1, "sde_window_shift_every": 1,
                    "sde_window_stride": 1, "branching": True, "share_initial_noise": True, "group_size": 6,
@@ -105,9 +107,10 @@ GRPO_GUARD_PRESETS: dict[str, dict[str, Any]] = {
     # ~sigma_t sqrt(dt) times smaller than Flow-GRPO's, whose clip is 1e-4)
     "grpo_guard": {
         "train": {"algorithm": "grpo_guard", "learning_rate": 3e-4, "clip_range": 2e-6, "timestep_fraction": 0.99,
-                  "timestep_selection": "first", "kl_beta": 0.04, "kl_mode": "flow_grpo", "kl_reference": "adapter",
+                  "timestep_selection": "first", "kl_beta": 0.04, "kl_reference": "adapter",
                   "num_minibatches": 2, "weight_decay": 1e-4, "max_grad_norm": 1.0, "ema": True, "ema_decay": 0.9,
                   "ema_update_every": 8},
+        "ppo": {"kl_mode": "flow_grpo"},
         "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 4.5, "kernel": "flow_sde",
                    "noise_level": 0.7, "group_size": 24, "prompts_per_iteration": 48},
         "advantage": {"std_scope": "global", "unbiased": False, "eps": 1e-4, "clip_max": 5.0},
@@ -121,8 +124,9 @@ PREF_GRPO_PRESETS: dict[str, dict[str, Any]] = {
     # (itertools.combinations); PEFT's default LoRA init (init_lora_weights=True)
     "pref_grpo": {
         "train": {"algorithm": "pref_grpo", "learning_rate": 1e-5, "clip_range": 1e-4, "timestep_fraction": 0.6,
-                  "timestep_selection": "random", "kl_beta": 0.0, "ratio_norm": True, "max_grad_norm": 1.0,
+                  "timestep_selection": "random", "kl_beta": 0.0, "max_grad_norm": 1.0,
                   "weight_decay": 1e-4},
+        "ppo": {"ratio_norm": True},
         "sample": {"num_steps": 25, "guidance_scale": 3.5, "kernel": "flow_sde", "noise_level": 0.7, "group_size": 8,
                    "share_initial_noise": True, "prompts_per_iteration": 4},
         "advantage": {"std_scope": "group", "unbiased": True, "eps": 1e-8, "clip_max": 5.0},
@@ -149,7 +153,8 @@ PRDP_PRESETS: dict[str, dict[str, Any]] = {
     # fine-tunes the full UNet). The stepwise clip, learning rate and gradient steps per epoch are in the paper's
     # appendix, which we did not have: DDPO's (clip 1e-4, lr 3e-4, 2 gradient steps), the baseline the paper matches
     "prdp": {
-        "train": {"algorithm": "prdp", "prdp_beta": 10.0, "clip_range": 1e-4, "learning_rate": 3e-4,
+        "prdp": {"beta": 10.0},
+        "train": {"algorithm": "prdp", "clip_range": 1e-4, "learning_rate": 3e-4,
                   "timestep_fraction": 1.0, "kl_beta": 0.0, "num_minibatches": 1, "num_inner_epochs": 2,
                   "max_grad_norm": 1.0, "weight_decay": 1e-4, "iterations": 100},
         "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 16,
@@ -160,15 +165,15 @@ PRDP_PRESETS: dict[str, dict[str, Any]] = {
 
 DRAFT_PRESETS: dict[str, dict[str, Any]] = {
     "draft": {
-        "train": {"algorithm": "draft", "backprop_steps": 1, "backprop_strategy": "fixed", "learning_rate": 1e-4,
-                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
+        "train": {"algorithm": "draft", "learning_rate": 1e-4, "max_grad_norm": 1.0, "weight_decay": 1e-4},
+        "draft": {"backprop_steps": 1, "backprop_strategy": "fixed"},
         "sample": {"num_steps": 50, "guidance_scale": 7.5, "kernel": "ddim", "noise_level": 0.0, "group_size": 1,
                    "prompts_per_iteration": 8},
         "model": {"lora": True, "lora_rank": 8, "lora_alpha": 8, "gradient_checkpointing": True},
     },
     "alignprop": {
-        "train": {"algorithm": "draft", "backprop_steps": 50, "backprop_strategy": "uniform", "learning_rate": 1e-3,
-                  "max_grad_norm": 1.0, "weight_decay": 1e-4},
+        "train": {"algorithm": "draft", "learning_rate": 1e-3, "max_grad_norm": 1.0, "weight_decay": 1e-4},
+        "draft": {"backprop_steps": 50, "backprop_strategy": "uniform"},
         "sample": {"num_steps": 50, "guidance_scale": 5.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 1,
                    "prompts_per_iteration": 8},
         "model": {"lora": True, "lora_rank": 4, "lora_alpha": 4, "gradient_checkpointing": True},
@@ -177,9 +182,9 @@ DRAFT_PRESETS: dict[str, dict[str, Any]] = {
     # from 30..39, no CFG, loss relu(2 - r) * 1e-3, lr 1e-5, AdamW weight decay 1e-2, grad norm 1, full UNet
     # fine-tuning, 2 prompts per device x 4 accumulation steps
     "refl": {
-        "train": {"algorithm": "refl", "refl_step_range": [0.75, 1.0], "refl_loss": "relu", "refl_margin": 2.0,
-                  "refl_scale": 1e-3, "learning_rate": 1e-5, "weight_decay": 1e-2, "max_grad_norm": 1.0,
+        "train": {"algorithm": "refl", "learning_rate": 1e-5, "weight_decay": 1e-2, "max_grad_norm": 1.0,
                   "micro_batch_size": 2},
+        "refl": {"step_range": [0.75, 1.0], "loss": "relu", "margin": 2.0, "scale": 1e-3},
         "sample": {"num_steps": 40, "guidance_scale": 1.0, "kernel": "ddim", "noise_level": 1.0, "group_size": 1,
                    "prompts_per_iteration": 8},
         "model": {"lora": False},
@@ -191,10 +196,10 @@ NFT_PRESETS: dict[str, dict[str, Any]] = {
     # CFG-free DPM-Solver++ 2M rollouts of 10 steps, 9 of them trained, beta 1, old policy decay type 1,
     # advantages clipped at 5 and mapped to r, KL 1e-4 to the LoRA-free model, EMA 0.9 every step
     "diffusion_nft": {
-        "train": {"algorithm": "nft", "learning_rate": 3e-4, "timestep_fraction": 0.99, "nft_beta": 1.0,
-                  "nft_adaptive_weight": True, "nft_old_decay": [0.0, 0.001, 0.5], "kl_beta": 1e-4,
+        "train": {"algorithm": "nft", "learning_rate": 3e-4, "timestep_fraction": 0.99, "kl_beta": 1e-4,
                   "kl_reference": "adapter", "num_minibatches": 1, "weight_decay": 1e-4, "max_grad_norm": 1.0,
                   "ema": True, "ema_decay": 0.9, "ema_update_every": 1},
+        "nft": {"beta": 1.0, "adaptive_weight": True, "old_decay": [0.0, 0.001, 0.5]},
         "sample": {"num_steps": 10, "eval_num_steps": 40, "guidance_scale": 1.0, "kernel": "ode", "noise_level": 0.0,
                    "ode_solver": "dpm2", "group_size": 24, "prompts_per_iteration": 48},
         "advantage": {"std_scope": "global", "unbiased": False, "eps": 1e-4, "clip_max": 5.0},
@@ -207,8 +212,9 @@ FORWARD_PRESETS: dict[str, dict[str, Any]] = {
     # lr 1e-8 scaled by the effective batch 2048 (--scale_lr: 2.048e-5), AdamW weight decay 1e-2, grad norm 1;
     # here online (the best and worst of each group of the current policy) with the LoRA-free model as reference
     "diffusion_dpo": {
-        "train": {"algorithm": "dpo", "dpo_beta": 5000.0, "learning_rate": 2.048e-5, "weight_decay": 1e-2,
+        "train": {"algorithm": "dpo", "learning_rate": 2.048e-5, "weight_decay": 1e-2,
                   "max_grad_norm": 1.0, "kl_beta": 0.0, "num_minibatches": 1},
+        "dpo": {"beta": 5000.0},
         "sample": {"num_steps": 10, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler", "group_size": 8,
                    "prompts_per_iteration": 16},
         "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
@@ -216,18 +222,20 @@ FORWARD_PRESETS: dict[str, dict[str, Any]] = {
     # offline Diffusion-DPO as the paper trains it (SalesforceAIResearch/DiffusionDPO@dff8e10 launchers/sd15.sh,
     # train.py): Pick-a-Pic v2 pairs (ties dropped), 2048 pairs per optimizer step, 2000 steps, beta_dpo 5000, lr
     # 1e-8 x 2048 (--scale_lr), AdamW weight decay 1e-2, grad norm 1, the conditional prediction trained (no CFG);
-    # the pair source is the user's: train.dpo_pairs. Not expressed: the 500-step warmup, random flips, full
+    # the pair source is the user's: dpo.pairs. Not expressed: the 500-step warmup, random flips, full
     # fine-tuning with a frozen UNet copy (here LoRA, the reference being the LoRA-free model)
     "diffusion_dpo_offline": {
-        "train": {"algorithm": "dpo", "dpo_beta": 5000.0, "learning_rate": 2.048e-5, "weight_decay": 1e-2,
+        "train": {"algorithm": "dpo", "learning_rate": 2.048e-5, "weight_decay": 1e-2,
                   "max_grad_norm": 1.0, "kl_beta": 0.0, "num_minibatches": 1, "iterations": 2000},
+        "dpo": {"beta": 5000.0},
         "sample": {"kernel": "ode", "noise_level": 0.0, "guidance_scale": 1.0, "prompts_per_iteration": 2048},
         "model": {"lora": True, "lora_rank": 32, "lora_alpha": 64},
     },
     # RAFT on diffusion (OptimalScale/LMFlow@613bba0 experimental/RAFT-diffusion/SD256-RAFT.ipynb): 10 images
     # per prompt, the best kept, lr 9e-6, LoRA (diffusers' rank 4), 10 passes over the winners, grad norm 1
     "raft": {
-        "train": {"algorithm": "raft", "raft_top_k": 1, "learning_rate": 9e-6, "num_inner_epochs": 10,
+        "raft": {"top_k": 1},
+        "train": {"algorithm": "raft", "learning_rate": 9e-6, "num_inner_epochs": 10,
                   "max_grad_norm": 1.0, "kl_beta": 0.0, "num_minibatches": 1},
         "sample": {"num_steps": 10, "kernel": "ode", "noise_level": 0.0, "ode_solver": "dpm2", "group_size": 10,
                    "prompts_per_iteration": 10},
@@ -237,7 +245,8 @@ FORWARD_PRESETS: dict[str, dict[str, Any]] = {
     # group 16, 48 prompts, advantages clipped to [-1, 1], ratio clip 1, velocity KL 1e-4 to the LoRA-free
     # model, lr 3e-4, weight decay 1e-4, grad norm 1, LoRA r32 / alpha 64
     "awm": {
-        "train": {"algorithm": "awm", "awm_adv_clip": 1.0, "clip_range": 1.0, "kl_beta": 1e-4,
+        "awm": {"adv_clip": 1.0},
+        "train": {"algorithm": "awm", "clip_range": 1.0, "kl_beta": 1e-4,
                   "kl_reference": "adapter", "learning_rate": 3e-4, "weight_decay": 1e-4, "max_grad_norm": 1.0,
                   "num_inner_epochs": 1, "num_minibatches": 1},
         "sample": {"num_steps": 14, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler", "group_size": 16,
@@ -252,7 +261,8 @@ GROUP_PREFERENCE_PRESETS: dict[str, dict[str, Any]] = {
     # DSM clip 0.05, adv clip 5, velocity KL 1e-3, group 24, 24 prompts, global-std advantages, guidance 4.5,
     # one optimizer step per iteration, lr 3e-4, weight decay 1e-4, grad norm 1, LoRA r64 / a128
     "dgpo": {
-        "train": {"algorithm": "dgpo", "dpo_beta": 10.0, "dgpo_timesteps": 4, "timestep_fraction": 0.6,
+        "dgpo": {"beta": 10.0, "timesteps": 4},
+        "train": {"algorithm": "dgpo", "timestep_fraction": 0.6,
                   "clip_range": 0.05, "kl_beta": 1e-3, "kl_reference": "adapter", "learning_rate": 3e-4,
                   "weight_decay": 1e-4, "max_grad_norm": 1.0, "num_inner_epochs": 1, "num_minibatches": 1},
         "sample": {"num_steps": 10, "eval_num_steps": 14, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler",
@@ -266,10 +276,10 @@ GROUP_PREFERENCE_PRESETS: dict[str, dict[str, Any]] = {
     # advantages, 10 steps at guidance 1, group 24, 48 prompts, 2 optimizer steps per iteration, lr 3e-4, weight
     # decay 1e-4, grad norm 1, LoRA r32 / a64; the noisiest 99% of the steps trained
     "crd": {
-        "train": {"algorithm": "crd", "crd_beta": 1.0, "crd_loss": "mse", "crd_weight_temp": -1.0,
-                  "crd_adaptive_logp": True, "crd_old_decay": [0.0, 0.25, 0.005, 0.999],
-                  "crd_sampling_decay": [75.0, 0.0, 0.0075, 0.999], "crd_kl_cfg": 4.5, "crd_reward_adaptive_kl": True,
-                  "kl_beta": 0.1, "kl_reference": "adapter", "timestep_fraction": 0.99, "learning_rate": 3e-4,
+        "crd": {"beta": 1.0, "loss": "mse", "weight_temp": -1.0, "adaptive_logp": True,
+                "old_decay": [0.0, 0.25, 0.005, 0.999], "sampling_decay": [75.0, 0.0, 0.0075, 0.999], "kl_cfg": 4.5,
+                "reward_adaptive_kl": True},
+        "train": {"algorithm": "crd", "kl_beta": 0.1, "kl_reference": "adapter", "timestep_fraction": 0.99, "learning_rate": 3e-4,
                   "weight_decay": 1e-4, "max_grad_norm": 1.0, "num_inner_epochs": 1, "num_minibatches": 2},
         "sample": {"num_steps": 10, "eval_num_steps": 40, "kernel": "ode", "noise_level": 0.0, "ode_solver": "euler",
                    "group_size": 24, "prompts_per_iteration": 48, "guidance_scale": 1.0},

@@ -1,5 +1,5 @@
 """DanceGRPO's best/worst-k sample selection: only the k highest- and k lowest-advantage samples of each
-prompt group enter the PPO update (`train.best_worst_k`; 0 = off, every sample is trained).
+prompt group enter the PPO update (`ppo.best_worst_k`; 0 = off, every sample is trained).
 
 The rule, read from DanceGRPO's HunyuanVideo script (fastvideo/train_grpo_hunyuan.py, `--bestofn 8` with
 `--num_generations 24`): rewards are normalised within the group first, the per-reward advantages are

@@ -136,7 +136,7 @@ class Trainer:
         embeds, sde = self.embeds_for(prompts), sample_assignment.sde_steps(cfg.sample, cfg.train.seed, it)
         model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
         options = SamplingOptions.for_run(cfg.sample, self.adapter, self.kernel, seed=cfg.train.seed, epoch=it,
-                                          sde_steps=sde, store_means=uses_ratio_norm(cfg.train))
+                                          sde_steps=sde, store_means=uses_ratio_norm(cfg))
         sample = branching.branched_rollout if cfg.sample.branching else rollout
         parts, scoring = [], self.scorer.begin()
         for start in range(0, len(slots), cfg.sample.batch_size):
@@ -148,7 +148,7 @@ class Trainer:
         rewards = scoring.result(acc.device)
         order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size, self.cp_degree)
         train_steps = sample_assignment.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)
-        w = branching.step_weights(cfg.sample, cfg.train.noise_aware_weight, self.adapter, self.kernel, traj.schedule)
+        w = branching.step_weights(cfg.sample, cfg.ppo.noise_aware_weight, self.adapter, self.kernel, traj.schedule)
         return RolloutBatch(traj, prompts, slots.to(acc.device), rewards, train_steps, slot_prompts, step_weights=w), order
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -190,7 +190,7 @@ class Trainer:
                     if probe and count == 1:
                         for key, val in self.probe.check(res.log_prob - old).items():
                             stats.setdefault(key, []).append(val)
-                    if uses_ratio_norm(tc):  # GRPO-Guard's RatioNorm and 1 / dt step weight (algorithms/grpo_guard.py)
+                    if uses_ratio_norm(cfg):  # GRPO-Guard's RatioNorm and 1 / dt step weight (algorithms/grpo_guard.py)
                         old_mean = traj.means[chunk, steps].to(acc.device)
                         pl, loss = guard_policy_loss(res.log_prob, old, res.mean, old_mean, res.std,
                                                      batch.weighted(adv, steps), dt, tc.clip_range, reweight=flow)
@@ -200,7 +200,7 @@ class Trainer:
                     if tc.kl_beta > 0:
                         ref_mean = policy.reference_mean(self.adapter, x, x_next, steps, traj.schedule, emb,
                                                          cfg.sample.guidance_scale, self.kernel)
-                        kl = gaussian_kl(res.mean, ref_mean, res.std, mode=tc.kl_mode,
+                        kl = gaussian_kl(res.mean, ref_mean, res.std, mode=cfg.ppo.kl_mode,
                                          dt=dt if flow else torch.ones_like(dt)).mean()
                         loss = loss + tc.kl_beta * kl
                         stats["kl"].append(float(kl.detach()))
@@ -229,7 +229,7 @@ class Trainer:
             metrics = self.algorithm.update(batch, order, self.policy, self.adapter, self.kernel)
         else:
             batch.advantages, metrics = self.algorithm.advantages(batch, order)  # advantages
-            trained = selection.select_best_worst(batch, order, self.cfg.train.best_worst_k)  # DanceGRPO's k
+            trained = selection.select_best_worst(batch, order, self.cfg.ppo.best_worst_k)  # DanceGRPO's k
             metrics.update(self.update(trained))  # loss -> optimizer step, per minibatch
         t2 = time.perf_counter()
         for name, r in batch.rewards.items():

@@ -57,8 +57,8 @@ def make_algorithm(cfg: RunConfig, rewards: dict[str, Any], pairwise: Any | None
         return PrefGRPO(cfg, pairwise)
     if name == "nft":
         return DiffusionNFT(cfg, rewards)
-    if name == "dpo":  # offline on a pair dataset when train.dpo_pairs names one, else online ranked samples
-        return OfflineDiffusionDPO(cfg) if cfg.train.dpo_pairs else DiffusionDPO(cfg, rewards)
+    if name == "dpo":  # offline on a pair dataset when dpo.pairs names one, else online ranked samples
+        return OfflineDiffusionDPO(cfg) if cfg.dpo.pairs else DiffusionDPO(cfg, rewards)
     if name == "raft":
         return RAFT(cfg, rewards)
     if name == "awm":

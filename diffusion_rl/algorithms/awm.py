@@ -8,7 +8,7 @@ sample x_0 is then re-noised at a random schedule step s with fresh noise eps, x
 its flow-matching "log-likelihood" is log p = -||v_theta(x_t, t) - (eps - x_0)||^2 (mean over elements). The
 loss is a PPO-clipped advantage weighting of that likelihood (`awm_loss`):
 
-    r = exp(log p_theta - log p_old),  A' = clip(A, -awm_adv_clip, awm_adv_clip)
+    r = exp(log p_theta - log p_old),  A' = clip(A, -awm.adv_clip, awm.adv_clip)
     L = mean_i max(-A'_i r_i, -A'_i clip(r_i, 1 - clip_range, 1 + clip_range)) + kl_beta mean ||v - v_ref||^2
 
 At r = 1 (the first pass: log p_old is the current model's own value) the gradient is that of
@@ -90,7 +90,7 @@ class AWM(RankedSamplesMethod):
                         with acc.autocast():
                             v = adapter.predict(model, x_t, t, emb, gs).float()
                         loss, ratio = awm_loss(v, x0, eps, adv[rows].to(acc.device), old_log_prob,
-                                               tc.clip_range, tc.awm_adv_clip)
+                                               tc.clip_range, self.cfg.awm.adv_clip)
                         if v_ref is not None:
                             kl = ((v - v_ref) ** 2).mean()  # the reference's velocity-space KL
                             loss = loss + tc.kl_beta * kl

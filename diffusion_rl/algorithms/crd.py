@@ -9,9 +9,9 @@ improvement of the policy's flow-matching error over that of an "old" copy of th
 
     r_theta_i = -mean[ (v_theta - v*)^2 / w_theta_i - (v_old - v*)^2 / w_old_i ],   v* = eps - x_0        (`implicit_reward`)
 
-(w = mean |v - v*| per sample, no gradient, at least 1e-5: the adaptive weighting; 1 when `crd_adaptive_logp` is
+(w = mean |v - v*| per sample, no gradient, at least 1e-5: the adaptive weighting; 1 when `crd.adaptive_logp` is
 off). Both rewards are centred within the group, R_c = u - sum_j p_j u_j and R_theta_c = r_theta - sum_j p_j r_theta_j
-(the second mean held constant), with p uniform (`crd_weight_temp` < 0), softmax(u / T) and softmax(-u / T) for
+(the second mean held constant), with p uniform (`crd.weight_temp` < 0), softmax(u / T) and softmax(-u / T) for
 the two directions of the dual centring (T > 0), or hard selection (T = 0: as the reference writes it, the masks
 u > 0 and u < 0 of the [0, 1]-normalised u, so every sample but the worst and uniform weights). The loss
 matches them,
@@ -19,10 +19,10 @@ matches them,
     L = A_max / beta * mean (beta R_theta_c - R_c)^2                                               (`crd_loss`, 'mse')
 
 (or the BCE of logits beta R_theta_c against sigmoid(R_c)), plus the velocity KL to the reference, evaluated with
-CFG `crd_kl_cfg`: kl_beta mean_i c_i ||v_theta - v_ref||^2, c_i = m + u_i (1 - m), m = 1e-4 / kl_beta, when
-`crd_reward_adaptive_kl` is on (c_i = 1 otherwise) (`crd_kl`). After every iteration the old and the sampling
+CFG `crd.kl_cfg`: kl_beta mean_i c_i ||v_theta - v_ref||^2, c_i = m + u_i (1 - m), m = 1e-4 / kl_beta, when
+`crd.reward_adaptive_kl` is on (c_i = 1 otherwise) (`crd_kl`). After every iteration the old and the sampling
 copies move towards the trained weights, copy <- d copy + (1 - d) theta, with d = min(d0 + slope (step - start),
-end) from optimizer step `start` on (d0 before it) (`decay`): `crd_old_decay` and `crd_sampling_decay`, each
+end) from optimizer step `start` on (d0 before it) (`decay`): `crd.old_decay` and `crd.sampling_decay`, each
 [start, d0, slope, end].
 
 Reference read: X-GenGroup/Flow-Factory@396dd6e src/flow_factory/trainers/crd.py (`compute_decay`,
@@ -182,8 +182,8 @@ class CRD(RankedSamplesMethod):
 
     @torch.no_grad()
     def update_copies(self, policy: Policy) -> dict[str, float]:
-        tc, out = self.cfg.train, {}
-        for c, schedule in (("old", tc.crd_old_decay), ("sampling", tc.crd_sampling_decay)):
+        cc, out = self.cfg.crd, {}
+        for c, schedule in (("old", cc.old_decay), ("sampling", cc.sampling_decay)):
             d = decay(policy.steps, schedule)
             for p, o in zip(policy.trainable, self.copies[c], strict=True):
                 o.mul_(d).add_(p.detach(), alpha=1.0 - d)
@@ -219,7 +219,7 @@ class CRD(RankedSamplesMethod):
 
     def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
                sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor) -> dict[str, float]:
-        cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
+        cfg, acc, tc, cc = self.cfg, policy.accelerator, self.cfg.train, self.cfg.crd
         gs = cfg.sample.guidance_scale
         clip_max = cfg.advantage.clip_max if cfg.advantage.clip_max is not None else 1.0
         u_all = optimality_probability(adv, clip_max)  # the reference's advantages normalised to [0, 1]
@@ -254,18 +254,18 @@ class CRD(RankedSamplesMethod):
                         model.eval()
                         with torch.no_grad(), self.weights(policy, "old"), acc.autocast():
                             v_old = adapter.predict(unwrapped, x_t, t, emb, gs).float()
-                        v_ref = (reference_velocity(policy, adapter, x_t, t, emb, tc.crd_kl_cfg)
+                        v_ref = (reference_velocity(policy, adapter, x_t, t, emb, cc.kl_cfg)
                                  if tc.kl_beta > 0 else None)
                         model.train()
                         count += 1
                         with contextlib.nullcontext() if count == n_backward else acc.no_sync(model):
                             with acc.autocast():
                                 v = adapter.predict(model, x_t, t, emb, gs).float()
-                            r_theta = implicit_reward(v, v_old, target, adaptive=tc.crd_adaptive_logp)
-                            pl = crd_loss(r_theta, u, groups, tc.crd_beta, tc.crd_weight_temp, tc.crd_loss, clip_max)
+                            r_theta = implicit_reward(v, v_old, target, adaptive=cc.adaptive_logp)
+                            pl = crd_loss(r_theta, u, groups, cc.beta, cc.weight_temp, cc.loss, clip_max)
                             loss = pl
                             if v_ref is not None:
-                                kl_term, kl = crd_kl(v, v_ref, u, tc.kl_beta, reward_adaptive=tc.crd_reward_adaptive_kl)
+                                kl_term, kl = crd_kl(v, v_ref, u, tc.kl_beta, reward_adaptive=cc.reward_adaptive_kl)
                                 loss = loss + kl_term
                                 stats["kl"].append(float(kl.detach().mean()))
                             # the mean over the minibatch's samples and the trained steps

@@ -3,7 +3,7 @@ by Direct Group Preference Optimization"): a DPO-style loss over the groups of a
 
 Each iteration samples `group_size` images per prompt with the current policy (deterministic ODE), scores them and
 normalises the rewards within each group into advantages A (clipped to `advantage.clip_max`). The samples are then
-re-noised at `dgpo_timesteps` schedule steps s shared by the whole batch, with one noise eps per group (the same for
+re-noised at `dgpo.timesteps` schedule steps s shared by the whole batch, with one noise eps per group (the same for
 every sample of a prompt and every trained step), x_t = (1 - s) x_0 + s eps. With the denoising-score-matching
 errors of the policy and of the frozen reference,
 
@@ -113,11 +113,11 @@ class DGPO(RankedSamplesMethod):
 
     def train_steps(self, it: int, epoch: int, num_steps: int) -> torch.Tensor:
         """The schedule steps trained this iteration and inner epoch, shared by every sample and process:
-        `dgpo_timesteps` distinct ones among the noisiest ceil(timestep_fraction * num_steps)."""
+        `dgpo.timesteps` distinct ones among the noisiest ceil(timestep_fraction * num_steps)."""
         tc = self.cfg.train
         pool = max(1, min(num_steps, math.ceil(tc.timestep_fraction * num_steps - 1e-9)))
         gen = torch.Generator().manual_seed(noise_key(tc.seed, it, epoch, DGPO_STEP_DRAW))
-        return torch.randperm(pool, generator=gen)[: min(tc.dgpo_timesteps, pool)].sort().values
+        return torch.randperm(pool, generator=gen)[: min(self.cfg.dgpo.timesteps, pool)].sort().values
 
     needs_reference = True
 
@@ -186,7 +186,7 @@ class DGPO(RankedSamplesMethod):
                             err = flow_matching_error(v, x0, eps)
                             old = old_err.get((m_i, c_i, j), err.detach())
                             loss, weight, clipped = dgpo_loss(err, ref_err, old, adv, groups.to(acc.device),
-                                                              tc.dpo_beta, g_size, tc.clip_range)
+                                                              self.cfg.dgpo.beta, g_size, tc.clip_range)
                             if tc.kl_beta > 0:
                                 kl = ((v - v_ref) ** 2).mean()  # the reference's velocity-space KL
                                 loss = loss + tc.kl_beta * kl

@@ -28,7 +28,7 @@ Simplifications: flow-matching (velocity) models only; the step is drawn from th
 `sample.guidance_scale` as DiffusionNFT here does (the reference trains the conditional prediction: set
 guidance_scale 1 for that).
 
-Offline, as the paper trains (`OfflineDiffusionDPO`, chosen when `train.dpo_pairs` names a pair source): the pairs
+Offline, as the paper trains (`OfflineDiffusionDPO`, chosen when `dpo.pairs` names a pair source): the pairs
 come from a dataset of (prompt, chosen image, rejected image): the layouts `mmreward train-pref` reads (JSONL,
 parquet, a datasets folder or hf:org/name; Pick-a-Pic's caption/jpg_0/jpg_1/label_0 included), ties dropped as
 train.py drops them. Each iteration reads `sample.prompts_per_iteration` pairs from a per-epoch shuffle of the
@@ -258,7 +258,7 @@ def train_dpo_pairs(cfg: RunConfig, it: int, policy: Policy, adapter: PipelineAd
                     v = adapter.predict(model, x_t, t, emb, gs).float()
                 err = flow_matching_error(v, x0, eps)
                 p = len(chunk)
-                loss, implicit_acc = dpo_loss(err[:p], err[p:], ref_err[:p], ref_err[p:], tc.dpo_beta)
+                loss, implicit_acc = dpo_loss(err[:p], err[p:], ref_err[:p], ref_err[p:], cfg.dpo.beta)
                 acc.backward((loss * valid[chunk].to(loss.device)).sum() / len(mb))
             stats["loss"].append(float(loss.detach().mean()))
             stats["implicit_acc"].append(float(implicit_acc.mean()))
@@ -310,12 +310,12 @@ def load_preference_pairs(source: str) -> tuple[list[str], list[Any], list[Any],
     from mmreward.train.preference import read_pairs
 
     if not source.startswith(HUB_PREFIX) and not Path(source).exists():
-        raise ConfigError(f"train.dpo_pairs: {source} does not exist; give a .jsonl or .parquet of (prompt, chosen, "
+        raise ConfigError(f"dpo.pairs: {source} does not exist; give a .jsonl or .parquet of (prompt, chosen, "
                           f"rejected) pairs, a datasets save_to_disk folder or {HUB_PREFIX}org/name[:split]")
     pairs = read_pairs(source)
     decided = [p for p in pairs if p["label"] != 0.5]
     if not decided:
-        raise RewardInputError(f"train.dpo_pairs: all {len(pairs)} pairs of {source} are ties (label 0.5); "
+        raise RewardInputError(f"dpo.pairs: all {len(pairs)} pairs of {source} are ties (label 0.5); "
                                "Diffusion-DPO needs pairs with a preferred image")
     chosen = [p["image_a"] if p["label"] == 1.0 else p["image_b"] for p in decided]
     rejected = [p["image_b"] if p["label"] == 1.0 else p["image_a"] for p in decided]
@@ -353,7 +353,7 @@ def encode_images(adapter: PipelineAdapter, images: torch.Tensor) -> torch.Tenso
     sample_mode="argmax")`), shifted and scaled as SD3/FLUX pipelines do; FLUX latents are packed into 2x2 patches."""
     if adapter.family not in ("sd3", "flux"):
         raise ConfigError(f"offline Diffusion-DPO encodes the dataset's images with the VAE of an SD3 or FLUX pipeline; "
-                          f"this one is {adapter.family}: use online DPO (unset train.dpo_pairs) or an SD3/FLUX model")
+                          f"this one is {adapter.family}: use online DPO (unset dpo.pairs) or an SD3/FLUX model")
     vae = adapter.pipeline.vae
     pixels = (images * 2.0 - 1.0).to(adapter.device, vae.dtype)
     z = vae.encode(pixels).latent_dist.mode().float()
@@ -365,20 +365,20 @@ def encode_images(adapter: PipelineAdapter, images: torch.Tensor) -> torch.Tenso
 
 
 class OfflineDiffusionDPO:
-    """Offline Diffusion-DPO on a preference-pair dataset (`train.dpo_pairs`; see the module docstring)."""
+    """Offline Diffusion-DPO on a preference-pair dataset (`dpo.pairs`; see the module docstring)."""
     owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
 
     name = "dpo"
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.prompts, self.chosen, self.rejected, self.ties = load_preference_pairs(cfg.train.dpo_pairs)
+        self.prompts, self.chosen, self.rejected, self.ties = load_preference_pairs(cfg.dpo.pairs)
 
     def _pixels(self, refs: list[Any], height: int, width: int) -> torch.Tensor:
         from mmreward.hf_datasets import decode_image
         from mmreward.media import load_image
 
-        return torch.stack([fit_image(load_image(decode_image(r, None, "train.dpo_pairs")), height, width)
+        return torch.stack([fit_image(load_image(decode_image(r, None, "dpo.pairs")), height, width)
                             for r in refs])
 
     def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],

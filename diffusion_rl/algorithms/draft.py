@@ -132,7 +132,7 @@ class DRaFT:
         self._check_rewards()
         cfg, acc, model = self.cfg, policy.accelerator, policy.model
         t0 = time.perf_counter()
-        k = truncation_steps(cfg.train.backprop_strategy, cfg.train.backprop_steps, cfg.sample.num_steps,
+        k = truncation_steps(cfg.draft.backprop_strategy, cfg.draft.backprop_steps, cfg.sample.num_steps,
                              cfg.train.seed, it)
         weights = cfg.reward.rewards
         model.train()

@@ -20,7 +20,7 @@ step, so one clip range is too wide at some steps and too narrow at others, and 
 ||.||^2 is the mean over the latent's elements, matching log-probs reduced by their mean
 (`sample.log_prob_reduction: mean`). The advantages are GRPO's (`diffusion_rl.algorithms.grpo`). The trainer's
 PPO update calls `guard_policy_loss` for `train.algorithm: grpo_guard`, and for any policy-gradient method with
-`train.ratio_norm: true` (Pref-GRPO's `--rationorm` is this normalisation).
+`ppo.ratio_norm: true` (Pref-GRPO's `--rationorm` is this normalisation).
 
 References read: verl-project/verl-omni@073521e verl_omni/trainer/diffusion/diffusion_algos.py (`GRPOGuardLoss.
 compute_loss`: ratio_mean_bias = mean||mu - mu_old||^2 / (2 scale^2), scale = sqrt_dt * std_dev_t, ratio =
@@ -40,13 +40,13 @@ from __future__ import annotations
 import torch
 
 from diffusion_rl.algorithms.grpo import GRPO
-from diffusion_rl.config import TrainConfig
+from diffusion_rl.config import RunConfig
 from diffusion_rl.losses import PolicyLossOutput, normalized_log_ratio, ppo_clip_loss
 
 
-def uses_ratio_norm(train: TrainConfig) -> bool:
+def uses_ratio_norm(cfg: RunConfig) -> bool:
     """Whether the run's PPO loss is GRPO-Guard's: the grpo_guard method, or RatioNorm asked for by name."""
-    return train.algorithm == "grpo_guard" or train.ratio_norm
+    return cfg.train.algorithm == "grpo_guard" or cfg.ppo.ratio_norm
 
 
 def ratio_norm(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mu_theta: torch.Tensor, mu_old: torch.Tensor,

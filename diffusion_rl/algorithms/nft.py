@@ -163,8 +163,7 @@ class DiffusionNFT:
 
     @torch.no_grad()
     def update_old(self, policy: Policy) -> float:
-        tc = self.cfg.train
-        d = old_policy_decay(policy.steps, *tc.nft_old_decay)
+        d = old_policy_decay(policy.steps, *self.cfg.nft.old_decay)
         for p, o in zip(policy.trainable, self.old, strict=True):
             o.mul_(d).add_(p.detach(), alpha=1.0 - d)
         return d
@@ -232,7 +231,7 @@ class DiffusionNFT:
     def _train(self, it: int, policy: Policy, adapter: PipelineAdapter, embeds: PromptEmbeds, slots: torch.Tensor,
                sample_ids: torch.Tensor, x0_all: torch.Tensor, r_all: torch.Tensor, clip_max: float
                ) -> dict[str, float]:
-        cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
+        cfg, acc, tc, nc = self.cfg, policy.accelerator, self.cfg.train, self.cfg.nft
         schedule = adapter.schedule(cfg.sample.num_steps)
         steps = self.train_steps(it, slots, sample_ids, cfg.sample.num_steps)
         n, k = len(slots), steps.shape[1]
@@ -264,7 +263,7 @@ class DiffusionNFT:
                             v_old = adapter.predict(unwrapped, x_t, t, emb, cfg.sample.guidance_scale).float()
                         with acc.autocast():
                             v = adapter.predict(model, x_t, t, emb, cfg.sample.guidance_scale).float()
-                        pl = nft_loss(v, v_old, x_t, x0, sigma, r, tc.nft_beta, adaptive=tc.nft_adaptive_weight,
+                        pl = nft_loss(v, v_old, x_t, x0, sigma, r, nc.beta, adaptive=nc.adaptive_weight,
                                       clip_max=clip_max).mean()
                         loss = pl
                         if tc.kl_beta > 0:

@@ -16,7 +16,7 @@ Eqs. 16-21): every step's r_hat_theta,t is clipped to within eps of the old poli
     r_hat^clip_theta,t = clip(r_hat_theta,t, r_hat_theta_old,t - eps, r_hat_theta_old,t + eps),  r_hat^clip = sum_t r_hat^clip_t
 
 and the loss of a pair is max(l_theta, l^clip_theta) (Eq. 18), as PPO does (`rdp_loss`). Here beta is
-`train.prdp_beta` and eps `train.clip_range`; the rollouts are the trainer's SDE/DDIM rollouts with log-probs (as
+`prdp.beta` and eps `train.clip_range`; the rollouts are the trainer's SDE/DDIM rollouts with log-probs (as
 GRPO/DDPO), the reward r the run's weighted reward sum, pi_ref the model without its LoRA, or for full fine-tuning
 the frozen copy that `train.kl_reference: copy` with `train.kl_beta > 0` keeps (kl_beta adds no term: beta is the
 KL weight, as online DPO does it).
@@ -160,7 +160,7 @@ class PRDP:
                 # pass 1, no grad: every r_hat_theta,t of the minibatch, and dl / dr_hat_theta,t
                 r_hat_t = (self._log_probs(model, policy, adapter, kernel, batch, rows) - ref_lp[rows]).requires_grad_()
                 pairs = all_pairs(slots[rows])
-                loss, st = rdp_loss(r_hat_t, r_hat_old_t[rows], reward[rows], pairs, tc.prdp_beta, tc.clip_range)
+                loss, st = rdp_loss(r_hat_t, r_hat_old_t[rows], reward[rows], pairs, cfg.prdp.beta, tc.clip_range)
                 (weights,) = torch.autograd.grad(loss, r_hat_t)
                 if inner == 0 and m == 0:  # theta = theta_old: the recomputed ratios must be 1 (as the probe checks)
                     stats.setdefault("max_abs_log_ratio_start", []).append(

@@ -2,7 +2,7 @@
 supervised fine-tuning on the winners.
 
 Each iteration samples `group_size` images per prompt with the current policy (deterministic ODE), keeps
-the `raft_top_k` of each group with the highest reward (`top_k_per_group`, ranked by the group-normalised
+the `raft.top_k` of each group with the highest reward (`top_k_per_group`, ranked by the group-normalised
 advantage so several rewards combine as in GRPO), and fine-tunes on them with the ordinary forward-process
 loss of the model: on a flow model the flow-matching loss
 
@@ -60,7 +60,7 @@ class RAFT(RankedSamplesMethod):
                          slots: torch.Tensor, sample_ids: torch.Tensor, x0_all: torch.Tensor, adv: torch.Tensor
                          ) -> dict[str, float]:
         """Keep each group's top k, then supervised steps on them."""
-        winners = top_k_per_group(adv, slots.cpu(), self.cfg.train.raft_top_k)
+        winners = top_k_per_group(adv, slots.cpu(), self.cfg.raft.top_k)
         metrics = self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, winners)
         acc = policy.accelerator  # over all processes
         metrics["raft/winners"] = float(acc.gather(torch.tensor([len(winners)], device=acc.device)).sum())

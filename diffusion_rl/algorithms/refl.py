@@ -21,7 +21,7 @@ from a counter-based generator (the same j on every process, and on resume) inst
 range is given as fractions of the schedule so that it carries over to other step counts. The rewards logged are
 those of the one-step predictions, not of fully sampled images.
 
-`refl_mode: direct_align` is Direct-Align (Shen et al., 2025, "Directly Aligning the Full Diffusion Trajectory with
+`refl.mode: direct_align` is Direct-Align (Shen et al., 2025, "Directly Aligning the Full Diffusion Trajectory with
 Fine-Grained Human Preference", SRPO), flow models only. The image is first sampled in full without grad from x_T,
 then re-noised with that same x_T to the drawn step's sigma and recovered with the noise known:
 
@@ -61,7 +61,7 @@ def grad_step_range(step_range: Sequence[float], num_steps: int) -> tuple[int, i
     """The inclusive step indices [floor(lo T), ceil(hi T) - 1] the grad step is drawn from (at least one)."""
     lo, hi = float(step_range[0]), float(step_range[1])
     if not 0 <= lo < hi <= 1:
-        raise ConfigError(f"refl_step_range must be [lo, hi] with 0 <= lo < hi <= 1, got {list(step_range)}")
+        raise ConfigError(f"refl.step_range must be [lo, hi] with 0 <= lo < hi <= 1, got {list(step_range)}")
     first = min(math.floor(lo * num_steps), num_steps - 1)
     last = max(first, math.ceil(hi * num_steps) - 1)
     return first, min(last, num_steps - 1)
@@ -193,8 +193,8 @@ def sample_direct_align(
     """SRPO's online Direct-Align: sample x0 without grad from x_T, re-noise it with the same x_T to sigma_j,
     take one Euler step with grad to sigma_{j+1} and recover x0 with the known noise (`direct_align_x0`)."""
     if not adapter.is_flow:
-        raise ConfigError(f"refl_mode 'direct_align' interpolates noise and image on the flow path; the "
-                          f"{adapter.family} pipeline is not a flow model: use refl_mode 'refl'")
+        raise ConfigError(f"refl.mode 'direct_align' interpolates noise and image on the flow path; the "
+                          f"{adapter.family} pipeline is not a flow model: use refl.mode 'refl'")
     if not 0 <= grad_step < num_steps:
         raise ConfigError(f"grad_step must be in [0, num_steps={num_steps}), got {grad_step}")
     kernel = kernel_for(adapter, kernel)
@@ -225,7 +225,7 @@ class ReFL(DRaFT):
         cfg, acc, model = self.cfg, policy.accelerator, policy.model
         tc = cfg.train
         t0 = time.perf_counter()
-        j = draw_grad_step(tc.refl_step_range, cfg.sample.num_steps, tc.seed, it)
+        j = draw_grad_step(cfg.refl.step_range, cfg.sample.num_steps, tc.seed, it)
         weights = cfg.reward.rewards
         model.train()
         n = len(prompts)
@@ -236,7 +236,7 @@ class ReFL(DRaFT):
             # gradients are averaged over processes once, on the last micro-batch
             with contextlib.nullcontext() if c == len(chunks) - 1 else acc.no_sync(model):
                 with acc.autocast():
-                    sampler = sample_direct_align if tc.refl_mode == "direct_align" else sample_one_step_x0
+                    sampler = sample_direct_align if cfg.refl.mode == "direct_align" else sample_one_step_x0
                     images = sampler(
                         adapter, model, embeds.index(idx), slots[idx].tolist(), sample_ids[idx].tolist(),
                         num_steps=cfg.sample.num_steps, guidance_scale=cfg.sample.guidance_scale, kernel=kernel,
@@ -248,7 +248,7 @@ class ReFL(DRaFT):
                     rewards[name].append(r.detach())
                     total = total + weights[name] * (1.0 if reward.higher_is_better else -1.0) * r
                 # mean over the local batch (ReFL.py: loss.mean()); DDP averages over processes
-                loss = refl_loss(total, margin=tc.refl_margin, scale=tc.refl_scale, phi=tc.refl_loss).sum() / n
+                loss = refl_loss(total, margin=cfg.refl.margin, scale=cfg.refl.scale, phi=cfg.refl.loss).sum() / n
                 acc.backward(loss)
             losses.append(float(loss.detach()))
             images_all.append(images.detach().cpu())

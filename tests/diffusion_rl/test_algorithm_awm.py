@@ -195,9 +195,9 @@ def test_two_process_awm_equals_one_process(tmp_path, tiny_pipeline_dir):
 def test_awm_preset_and_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "awm", "reward": rw})
-    assert cfg.train.algorithm == "awm" and cfg.train.awm_adv_clip == 1.0 and cfg.train.kl_beta == 1e-4
+    assert cfg.train.algorithm == "awm" and cfg.awm.adv_clip == 1.0 and cfg.train.kl_beta == 1e-4
     assert cfg.sample.group_size == 16 and cfg.train.learning_rate == 3e-4 and cfg.model.lora_rank == 32
-    with pytest.raises(ConfigError, match="awm_adv_clip"):
-        from_dict({"preset": "awm", "train": {"awm_adv_clip": 0.0}, "reward": rw})
+    with pytest.raises(ConfigError, match="awm.adv_clip"):
+        from_dict({"preset": "awm", "awm": {"adv_clip": 0.0}, "reward": rw})
     with pytest.raises(ConfigError, match="group_size"):
         from_dict({"preset": "awm", "sample": {"group_size": 1}, "reward": rw})

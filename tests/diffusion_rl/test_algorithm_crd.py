@@ -164,7 +164,8 @@ def _crd_dict(kind, tmp_path, tiny_pipeline_dir, **train):
         "sample": {"num_steps": 3, "group_size": 3, "prompts_per_iteration": 2, "batch_size": 6},
         "reward": {"rewards": {"mock": 1.0}},
         "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 3, "timestep_fraction": 0.34,
-                  "crd_kl_cfg": 2.0, "num_minibatches": 2, **train},
+                  "num_minibatches": 2, **train},
+        "crd": {"kl_cfg": 2.0},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
     }
@@ -258,14 +259,14 @@ def test_two_process_crd_equals_one_process(tmp_path, tiny_pipeline_dir):
 def test_crd_preset_and_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "crd", "reward": rw})
-    tc = cfg.train
-    assert tc.algorithm == "crd" and tc.crd_beta == 1.0 and tc.crd_loss == "mse" and tc.crd_weight_temp == -1.0
-    assert tc.crd_old_decay == [0.0, 0.25, 0.005, 0.999] and tc.crd_sampling_decay == [75.0, 0.0, 0.0075, 0.999]
-    assert tc.kl_beta == 0.1 and tc.crd_kl_cfg == 4.5 and tc.crd_reward_adaptive_kl and tc.num_minibatches == 2
+    tc, cc = cfg.train, cfg.crd
+    assert tc.algorithm == "crd" and cc.beta == 1.0 and cc.loss == "mse" and cc.weight_temp == -1.0
+    assert cc.old_decay == [0.0, 0.25, 0.005, 0.999] and cc.sampling_decay == [75.0, 0.0, 0.0075, 0.999]
+    assert tc.kl_beta == 0.1 and cc.kl_cfg == 4.5 and cc.reward_adaptive_kl and tc.num_minibatches == 2
     assert cfg.sample.group_size == 24 and cfg.sample.prompts_per_iteration == 48 and cfg.sample.guidance_scale == 1.0
-    with pytest.raises(ConfigError, match="crd_loss"):
-        from_dict({"preset": "crd", "train": {"crd_loss": "l1"}, "reward": rw})
-    with pytest.raises(ConfigError, match="crd_old_decay"):
-        from_dict({"preset": "crd", "train": {"crd_old_decay": [0, 1.5, 0, 1]}, "reward": rw})
+    with pytest.raises(ConfigError, match="crd.loss"):
+        from_dict({"preset": "crd", "crd": {"loss": "l1"}, "reward": rw})
+    with pytest.raises(ConfigError, match="crd.old_decay"):
+        from_dict({"preset": "crd", "crd": {"old_decay": [0, 1.5, 0, 1]}, "reward": rw})
     with pytest.raises(ConfigError, match="group_size"):
         from_dict({"preset": "crd", "sample": {"group_size": 1}, "reward": rw})

@@ -132,8 +132,8 @@ def _dgpo_dict(kind, tmp_path, tiny_pipeline_dir, **train):
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 3, "group_size": 3, "prompts_per_iteration": 2, "batch_size": 6, "guidance_scale": 1.0},
         "reward": {"rewards": {"mock": 1.0}},
-        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 3, "dgpo_timesteps": 2,
-                  "timestep_fraction": 1.0, **train},
+        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 3, "timestep_fraction": 1.0, **train},
+        "dgpo": {"timesteps": 2},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
     }
@@ -228,11 +228,11 @@ def test_two_process_dgpo_equals_one_process(tmp_path, tiny_pipeline_dir):
 def test_dgpo_preset_and_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "dgpo", "reward": rw})
-    assert cfg.train.algorithm == "dgpo" and cfg.train.dpo_beta == 10.0 and cfg.train.dgpo_timesteps == 4
+    assert cfg.train.algorithm == "dgpo" and cfg.dgpo.beta == 10.0 and cfg.dgpo.timesteps == 4
     assert cfg.train.timestep_fraction == 0.6 and cfg.train.clip_range == 0.05 and cfg.train.kl_beta == 1e-3
     assert cfg.sample.group_size == 24 and cfg.sample.guidance_scale == 4.5 and cfg.model.lora_rank == 64
     assert cfg.advantage.std_scope == "global" and cfg.advantage.clip_max == 5.0
-    with pytest.raises(ConfigError, match="dgpo_timesteps"):
-        from_dict({"preset": "dgpo", "train": {"dgpo_timesteps": 0}, "reward": rw})
+    with pytest.raises(ConfigError, match="dgpo.timesteps"):
+        from_dict({"preset": "dgpo", "dgpo": {"timesteps": 0}, "reward": rw})
     with pytest.raises(ConfigError, match="group_size"):
         from_dict({"preset": "dgpo", "sample": {"group_size": 1}, "reward": rw})

@@ -91,7 +91,8 @@ def _dpo_dict(kind, tmp_path, tiny_pipeline_dir, **train):
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 3, "group_size": 3, "prompts_per_iteration": 2, "batch_size": 6},
         "reward": {"rewards": {"mock": 1.0}},
-        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "dpo_beta": 50.0, **train},
+        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, **train},
+        "dpo": {"beta": 50.0},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
     }
@@ -120,9 +121,9 @@ def test_one_dpo_iteration_trains_tiny_pipelines(kind, tmp_path, tiny_pipeline_d
 def test_dpo_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "diffusion_dpo", "reward": rw})
-    assert cfg.train.algorithm == "dpo" and cfg.train.dpo_beta == 5000.0 and cfg.sample.kernel == "ode"
-    with pytest.raises(ConfigError, match="dpo_beta"):
-        from_dict({"preset": "diffusion_dpo", "train": {"dpo_beta": 0.0}, "reward": rw})
+    assert cfg.train.algorithm == "dpo" and cfg.dpo.beta == 5000.0 and cfg.sample.kernel == "ode"
+    with pytest.raises(ConfigError, match="dpo.beta"):
+        from_dict({"preset": "diffusion_dpo", "dpo": {"beta": 0.0}, "reward": rw})
     with pytest.raises(ConfigError, match="group_size"):
         from_dict({"preset": "diffusion_dpo", "sample": {"group_size": 1}, "reward": rw})
 
@@ -197,7 +198,7 @@ def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
 
 
 # ----------------------------------------------------------------------------------------------
-# offline Diffusion-DPO: preference pairs from a dataset (train.dpo_pairs)
+# offline Diffusion-DPO: preference pairs from a dataset (dpo.pairs)
 # ----------------------------------------------------------------------------------------------
 def _write_pairs(folder: Path, rows: int = 4) -> Path:
     """A JSONL of {prompt, chosen, rejected} rows over small distinct PNGs (relative paths), in the layout
@@ -289,8 +290,8 @@ def _offline_dict(kind, tmp_path, tiny_pipeline_dir, pairs, **train):
         "model": {"pretrained": str(tiny_pipeline_dir(kind)), "height": 16, "width": 16, "lora_rank": 4, "lora_alpha": 4},
         "sample": {"num_steps": 3, "prompts_per_iteration": 2},
         "reward": {"rewards": {"mock": 1.0}},
-        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "dpo_beta": 50.0,
-                  "dpo_pairs": str(pairs), **train},
+        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, **train},
+        "dpo": {"beta": 50.0, "pairs": str(pairs)},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
     }
 
@@ -331,11 +332,11 @@ def test_one_offline_dpo_iteration_trains_tiny_flux_and_refuses_a_video_pipeline
 
 def test_offline_dpo_config_checks(tmp_path):
     rw = {"rewards": {"mock": 1.0}}
-    cfg = from_dict({"preset": "diffusion_dpo_offline", "train": {"dpo_pairs": "p.jsonl"}, "sample": {"group_size": 1},
+    cfg = from_dict({"preset": "diffusion_dpo_offline", "dpo": {"pairs": "p.jsonl"}, "sample": {"group_size": 1},
                      "reward": rw})  # no groups offline: group_size does not matter
-    assert (cfg.train.dpo_beta, cfg.train.learning_rate, cfg.sample.prompts_per_iteration) == (5000.0, 2.048e-5, 2048)
-    with pytest.raises(ConfigError, match="dpo_pairs"):
-        from_dict({"preset": "raft", "train": {"dpo_pairs": "p.jsonl"}, "reward": rw})
+    assert (cfg.dpo.beta, cfg.train.learning_rate, cfg.sample.prompts_per_iteration) == (5000.0, 2.048e-5, 2048)
+    with pytest.raises(ConfigError, match="dpo.pairs is read by dpo, not by train.algorithm raft"):
+        from_dict({"preset": "raft", "dpo": {"pairs": "p.jsonl"}, "reward": rw})
 
 
 @pytest.mark.slow

@@ -86,8 +86,8 @@ def _prdp_dict(kind, tiny_pipeline_dir, out, **train):
         "sample": {"num_steps": 2, "guidance_scale": 2.0, "prompts_per_iteration": 2, "group_size": 3, "batch_size": 6,
                    "kernel": "flow_sde" if flow else "ddim", "noise_level": 0.7 if flow else 1.0},
         "reward": {"rewards": {"mock": 1.0}},
-        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "prdp_beta": 0.5, "clip_range": 1e-2,
-                  **train},
+        "train": {"iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "clip_range": 1e-2, **train},
+        "prdp": {"beta": 0.5},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},
     }
@@ -120,7 +120,7 @@ def test_two_pass_gradient_equals_autograd_of_the_whole_loss(tmp_path, tiny_pipe
     old = torch.stack([traj.log_probs[torch.arange(n), batch.train_steps[:, s]] for s in range(k)], 1)
     tc = trainer.cfg.train
     loss, _ = rdp_loss(all_log_probs(policy.model) - ref_lp, old - ref_lp, algo.combined_reward(batch),
-                       all_pairs(batch.slots), tc.prdp_beta, tc.clip_range)
+                       all_pairs(batch.slots), trainer.cfg.prdp.beta, tc.clip_range)
     expected = torch.autograd.grad(loss, trainer.trainable)
     assert float(loss.detach()) > 0 and max(float(e.abs().max()) for e in expected) > 0
 
@@ -171,7 +171,7 @@ def test_one_prdp_iteration_trains_tiny_flux_and_wan(kind, tmp_path, tiny_pipeli
 def test_prdp_preset_and_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "prdp", "reward": rw})
-    assert (cfg.train.prdp_beta, cfg.sample.num_steps, cfg.sample.guidance_scale, cfg.sample.kernel) == (
+    assert (cfg.prdp.beta, cfg.sample.num_steps, cfg.sample.guidance_scale, cfg.sample.kernel) == (
         10.0, 50, 5.0, "ddim")
     assert (cfg.sample.group_size, cfg.sample.prompts_per_iteration, cfg.train.timestep_fraction) == (16, 32, 1.0)
     full = from_dict({"preset": "prdp", "reward": rw, "model": {"lora": False},
@@ -179,8 +179,9 @@ def test_prdp_preset_and_config_checks():
     assert not full.model.lora
     for bad, match in (({"model": {"lora": False}}, "kl_reference: copy"),
                        ({"model": {"lora": False}, "train": {"kl_reference": "copy"}}, "kl_beta > 0"),
-                       ({"train": {"ratio_norm": True}}, "ratio_norm"),
-                       ({"train": {"prdp_beta": 0.0}}, "prdp_beta"), ({"sample": {"group_size": 1}}, "group_size")):
+                       ({"ppo": {"ratio_norm": True}}, "ppo.ratio_norm is read by grpo, grpo_guard, pref_grpo and ddpo"),
+                       ({"ppo": {"noise_aware_weight": True}}, "ppo.noise_aware_weight"),
+                       ({"prdp": {"beta": 0.0}}, "prdp.beta"), ({"sample": {"group_size": 1}}, "group_size")):
         with pytest.raises(ConfigError, match=match):
             from_dict({"preset": "prdp", "reward": rw, **bad})
 

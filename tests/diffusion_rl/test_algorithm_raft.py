@@ -94,12 +94,12 @@ def test_one_raft_iteration_trains_tiny_pipelines_on_the_winners(kind, tmp_path,
 def test_raft_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "raft", "reward": rw})
-    assert cfg.train.algorithm == "raft" and cfg.train.raft_top_k == 1 and cfg.sample.group_size == 10
+    assert cfg.train.algorithm == "raft" and cfg.raft.top_k == 1 and cfg.sample.group_size == 10
     assert cfg.train.learning_rate == 9e-6 and cfg.train.num_inner_epochs == 10
-    with pytest.raises(ConfigError, match="raft_top_k"):
-        from_dict({"preset": "raft", "train": {"raft_top_k": 10}, "reward": rw})
-    with pytest.raises(ConfigError, match="raft_top_k"):
-        from_dict({"preset": "raft", "train": {"raft_top_k": 0}, "reward": rw})
+    with pytest.raises(ConfigError, match="raft.top_k"):
+        from_dict({"preset": "raft", "raft": {"top_k": 10}, "reward": rw})
+    with pytest.raises(ConfigError, match="raft.top_k"):
+        from_dict({"preset": "raft", "raft": {"top_k": 0}, "reward": rw})
 
 
 def test_interrupted_and_resumed_raft_run_equals_an_uninterrupted_one(tmp_path, tiny_pipeline_dir):

@@ -101,10 +101,10 @@ def test_grad_step_range_and_draws():
     draws = [draw_grad_step([0.75, 1.0], 40, 7, it) for it in range(300)]
     assert set(draws) == set(range(30, 40))
     assert draws == [draw_grad_step([0.75, 1.0], 40, 7, it) for it in range(300)]  # same on every process / resume
-    with pytest.raises(ConfigError, match="refl_step_range"):
-        from_dict({"train": {"algorithm": "refl", "refl_step_range": [0.9, 0.2]}})
-    with pytest.raises(ConfigError, match="refl_loss"):
-        from_dict({"train": {"algorithm": "refl", "refl_loss": "hinge"}})
+    with pytest.raises(ConfigError, match="refl.step_range"):
+        from_dict({"train": {"algorithm": "refl"}, "refl": {"step_range": [0.9, 0.2]}})
+    with pytest.raises(ConfigError, match="refl.loss"):
+        from_dict({"train": {"algorithm": "refl"}, "refl": {"loss": "hinge"}})
 
 
 def _adapter(tiny_pipeline_dir, kind):
@@ -166,7 +166,7 @@ def test_gradient_reaches_the_weights_only_through_the_selected_step(kind, kerne
         sample_one_step_x0(adapter, model, emb, [0, 1], [0, 1], grad_step=4, **kw)
 
 
-def _refl_dict(kind, tmp_path, tiny_pipeline_dir, **train):
+def _refl_dict(kind, tmp_path, tiny_pipeline_dir, refl=None, **train):
     kernel = "ddim" if kind == "sd" else "ode"
     return {
         "preset": "refl",
@@ -175,14 +175,15 @@ def _refl_dict(kind, tmp_path, tiny_pipeline_dir, **train):
         "sample": {"num_steps": 4, "kernel": kernel, "noise_level": 1.0 if kind == "sd" else 0.0, "group_size": 2,
                    "prompts_per_iteration": 2, "batch_size": 4},
         "reward": {"rewards": {"mock": 1.0}},
-        "train": {"iterations": 1, "learning_rate": 1e-2, "refl_scale": 1.0, **train},
+        "train": {"iterations": 1, "learning_rate": 1e-2, **train},
+        "refl": {"scale": 1.0, **(refl or {})},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False},
     }
 
 
-def _refl_config(kind, tmp_path, tiny_pipeline_dir, **train):
-    return from_dict(_refl_dict(kind, tmp_path, tiny_pipeline_dir, **train))
+def _refl_config(kind, tmp_path, tiny_pipeline_dir, refl=None, **train):
+    return from_dict(_refl_dict(kind, tmp_path, tiny_pipeline_dir, refl, **train))
 
 
 def _mock_by_hand(prompts, images):
@@ -256,10 +257,10 @@ def test_refl_refuses_non_differentiable_rewards(tmp_path, tiny_pipeline_dir):
 
 def test_refl_preset_has_refl_py_defaults():
     cfg = from_dict({"preset": "refl", "reward": {"rewards": {"mock": 1.0}}})
-    tc = cfg.train
-    assert (tc.algorithm, tc.refl_loss, tc.refl_margin, tc.refl_scale) == ("refl", "relu", 2.0, 1e-3)
+    tc, rc = cfg.train, cfg.refl
+    assert (tc.algorithm, rc.loss, rc.margin, rc.scale) == ("refl", "relu", 2.0, 1e-3)
     assert (tc.learning_rate, tc.weight_decay, tc.max_grad_norm) == (1e-5, 1e-2, 1.0)
-    assert cfg.sample.num_steps == 40 and grad_step_range(tc.refl_step_range, 40) == (30, 39)
+    assert cfg.sample.num_steps == 40 and grad_step_range(rc.step_range, 40) == (30, 39)
 
 
 def test_interrupted_and_resumed_refl_run_equals_an_uninterrupted_one(tmp_path, tiny_pipeline_dir):
@@ -269,7 +270,7 @@ def test_interrupted_and_resumed_refl_run_equals_an_uninterrupted_one(tmp_path, 
     def without_times(history):
         return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
 
-    rng = {"refl_step_range": [0.0, 1.0]}  # the grad step varies between iterations
+    rng = {"refl": {"step_range": [0.0, 1.0]}}  # the grad step varies between iterations
     straight = Trainer(_refl_config("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2, **rng))
     straight.fit()
     first = Trainer(_refl_config("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=1, **rng))
@@ -330,8 +331,8 @@ def test_direct_align_takes_one_step_with_grad_after_a_full_detached_sample(tiny
 def test_one_direct_align_iteration_updates_lora_weights(tmp_path, tiny_pipeline_dir):
     from diffusion_rl.trainer import Trainer
 
-    trainer = Trainer(_refl_config("sd3", tmp_path, tiny_pipeline_dir, refl_mode="direct_align",
-                                   refl_step_range=[0.0, 0.5]))
+    trainer = Trainer(_refl_config("sd3", tmp_path, tiny_pipeline_dir, refl={"mode": "direct_align",
+                                                                          "step_range": [0.0, 0.5]}))
     before = [p.detach().clone() for p in trainer.trainable]
     metrics = trainer.train_iteration(0)
     assert metrics["train/grad_step"] in (0.0, 1.0) and metrics["train/grad_norm"] > 0
@@ -366,7 +367,7 @@ def test_two_process_refl_equals_one_process(tmp_path, tiny_pipeline_dir):
     from diffusion_rl.checkpointing import read_checkpoint
     from diffusion_rl.trainer import Trainer
 
-    cfg = _refl_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, refl_step_range=[0.0, 1.0])
+    cfg = _refl_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, {"step_range": [0.0, 1.0]})
     cfg["sample"]["prompts_per_iteration"] = 4
     cfg["sample"]["batch_size"] = 8
     cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]

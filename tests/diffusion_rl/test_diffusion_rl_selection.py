@@ -75,22 +75,25 @@ def test_two_processes_select_on_the_gathered_groups_like_one_process():
 
 def test_config_key_is_checked():
     mock = {"reward": {"rewards": {"mock": 1.0}}}
-    assert from_dict(mock).train.best_worst_k == 0  # off by default: today's update
-    with pytest.raises(ConfigError, match="train.best_worst_k must be >= 0"):
-        from_dict({"train": {"best_worst_k": -1}, **mock})
-    with pytest.raises(ConfigError, match="train.best_worst_k"):
-        from_dict({"train": {"best_worst_k": 1.5}, **mock})
+    assert from_dict(mock).ppo.best_worst_k == 0  # off by default: today's update
+    with pytest.raises(ConfigError, match="ppo.best_worst_k must be >= 0"):
+        from_dict({"ppo": {"best_worst_k": -1}, **mock})
+    with pytest.raises(ConfigError, match="ppo.best_worst_k"):
+        from_dict({"ppo": {"best_worst_k": 1.5}, **mock})
     with pytest.raises(ConfigError, match=r"2k = 10 samples of each group, more than sample.group_size \(8\)"):
-        from_dict({"train": {"best_worst_k": 5}, "sample": {"group_size": 8}, **mock})
-    with pytest.raises(ConfigError, match="applies to grpo, grpo_guard and pref_grpo, not ddpo"):
-        from_dict({"preset": "ddpo", "train": {"best_worst_k": 1}, **mock})
+        from_dict({"ppo": {"best_worst_k": 5}, "sample": {"group_size": 8}, **mock})
+    with pytest.raises(ConfigError, match="ppo.best_worst_k is read by grpo, grpo_guard and pref_grpo, not by "
+                                          "train.algorithm ddpo"):
+        from_dict({"preset": "ddpo", "ppo": {"best_worst_k": 1}, **mock})
+    with pytest.raises(ConfigError, match="train.best_worst_k moved to ppo.best_worst_k"):
+        from_dict({"train": {"best_worst_k": 1}, **mock})
 
 
 def test_dance_grpo_video_preset_has_dancegrpos_hunyuanvideo_settings():
     cfg = from_dict({"preset": "dance_grpo_video", "reward": {"rewards": {"videoalign": 1.0}}})
     s, t = cfg.sample, cfg.train
     assert (s.kernel, s.noise_level, s.num_steps, s.group_size, s.share_initial_noise) == ("dance_sde", 0.25, 16, 24, True)
-    assert (t.best_worst_k, t.timestep_fraction, t.timestep_selection, t.learning_rate) == (4, 0.6, "random", 1e-5)
+    assert (cfg.ppo.best_worst_k, t.timestep_fraction, t.timestep_selection, t.learning_rate) == (4, 0.6, "random", 1e-5)
     assert (cfg.advantage.unbiased, cfg.advantage.eps, cfg.reward.aggregation) == (True, 1e-8, "advantage")
     assert (cfg.model.lora, cfg.model.gradient_checkpointing, cfg.model.height) == (False, True, 480)
 
@@ -108,12 +111,13 @@ def wan_dir(tiny_pipeline_dir):
     return str(tiny_pipeline_dir("wan"))
 
 
-def _video_cfg(pipe_dir: str, out, **train) -> dict:
+def _video_cfg(pipe_dir: str, out, best_worst_k: int, **train) -> dict:
     return {
         "preset": "dance_grpo_video",
         "model": {"pretrained": pipe_dir, "height": H, "width": W, "max_sequence_length": 16},
         "sample": {"num_steps": 2, "group_size": 4, "prompts_per_iteration": 2, "batch_size": 8},
         "train": {"iterations": 1, "learning_rate": 1e-3, "probe": "error", "micro_batch_size": 8, **train},
+        "ppo": {"best_worst_k": best_worst_k},
         "reward": {"rewards": {"mock": 1.0}},
         "prompts": {"train": PROMPTS},
         "log": {"output_dir": str(out), "eval_every": 0, "grid_every": 0, "progress": False},

@@ -48,12 +48,12 @@ def test_shapesworld_config_smoke(algo, tmp_path):
 METHOD_KEYS = {
     "nft": {"sample.guidance_scale", "sample.sde_window", "sample.kernel", "sample.noise_level", "sample.ode_solver",
             "train.algorithm", "train.clip_range", "train.timestep_fraction", "train.timestep_selection", "train.kl_beta",
-            "train.kl_mode", "train.max_grad_norm", "train.ema", "train.ema_decay", "train.ema_update_every"},
+            "ppo.kl_mode", "train.max_grad_norm", "train.ema", "train.ema_decay", "train.ema_update_every"},
     "mixgrpo": {"sample.sde_window_size", "sample.sde_window_shift_every", "sample.share_initial_noise",
                 "train.timestep_fraction", "train.timestep_selection"},
     "tempflow": {"sample.sde_window", "sample.sde_window_size", "sample.sde_window_shift_every",
                  "sample.share_initial_noise", "sample.branching", "train.timestep_fraction",
-                 "train.timestep_selection", "train.noise_aware_weight"},
+                 "train.timestep_selection", "ppo.noise_aware_weight"},
 }
 
 

@@ -37,7 +37,8 @@ def _cfg(pipe_dir: str, kind: str, algo: str, out: Path, **train) -> dict:
         "sample": {"num_steps": 2, "guidance_scale": 2.0, "kernel": "flow_sde" if flow else "ddim",
                    "noise_level": 0.7 if flow else 1.0, "prompts_per_iteration": 2, "group_size": 2, "batch_size": 4},
         "train": {"algorithm": algo, "iterations": 1, "learning_rate": 1e-2, "probe": "error", "timestep_fraction": 0.5,
-                  "kl_beta": 0.01 if algo == "grpo" else 0.0, "ratio_norm": algo == "pref_grpo", **train},
+                  "kl_beta": 0.01 if algo == "grpo" else 0.0, **train},
+        "ppo": {"ratio_norm": algo == "pref_grpo"},
         "advantage": {"per_prompt_tracking": algo == "ddpo", "min_count": 2},
         "reward": {"rewards": {"mock": 1.0}},
         "prompts": {"train": PROMPTS},
@@ -325,6 +326,8 @@ def _cli_cases(pipe: str, tmp: Path) -> dict[str, tuple[list[str], str]]:
         "negative beta": (train + ["train.adam_beta1=-0.1"], "train.adam_beta1"),
         "list for string": (train + ["log.output_dir=[a]"], "log.output_dir must be a string"),
         "bad enum": (train + ["sample.kernel=euler"], "sample.kernel must be one of"),
+        "moved key": (train + ["train.nft_beta=2.0"], r"train.nft_beta moved to nft.beta"),
+        "unread method key": (train + ["nft.beta=2.0"], "nft.beta is read by nft, not by train.algorithm grpo"),
         "config nan": (["config", "train.learning_rate=nan"], "finite"),
         "config no reward": (["config", "--preset", "flow_grpo"], "reward.rewards is not set"),
         "config invalid yaml": (["config", "--config", str(tmp / "invalid.yaml")], "not valid YAML"),
@@ -345,7 +348,7 @@ CLI_CASES = [
     "missing eval prompts", "missing train prompts", "resume missing", "resume latest none", "invalid yaml",
     "empty yaml", "list yaml", "bad override yaml", "non-numeric", "list for number", "bool for number",
     "number for bool", "nan", "yaml nan", "inf", "nan reward weight", "fractional count", "float count 1e9",
-    "negative beta", "list for string", "bad enum", "config nan", "config no reward", "config invalid yaml", "config bad preset type",
+    "negative beta", "list for string", "bad enum", "moved key", "unread method key", "config nan", "config no reward", "config invalid yaml", "config bad preset type",
     "reno missing pipeline", "reno nan lr", "reno nan weight", "best-of-n zero n", "best-of-n unknown reward",
 ]
 

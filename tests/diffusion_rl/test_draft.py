@@ -99,8 +99,8 @@ def test_truncation_steps():
     ks = [truncation_steps("uniform", 5, 50, 0, it) for it in range(200)]
     assert set(ks) == {1, 2, 3, 4, 5}
     assert ks == [truncation_steps("uniform", 5, 50, 0, it) for it in range(200)]  # same on every process
-    with pytest.raises(ConfigError, match="backprop_strategy"):
-        from_dict({"train": {"algorithm": "draft", "backprop_strategy": "gaussian"}})
+    with pytest.raises(ConfigError, match="draft.backprop_strategy"):
+        from_dict({"train": {"algorithm": "draft"}, "draft": {"backprop_strategy": "gaussian"}})
 
 
 def _draft_config(kind, tmp_path, tiny_pipeline_dir, **train):
@@ -110,8 +110,8 @@ def _draft_config(kind, tmp_path, tiny_pipeline_dir, **train):
         "sample": {"num_steps": 3, "guidance_scale": 1.0, "kernel": kernel, "noise_level": 0.0, "group_size": 2,
                    "prompts_per_iteration": 2, "batch_size": 4},
         "reward": {"rewards": {"mock": 1.0}},
-        "train": {"algorithm": "draft", "iterations": 1, "learning_rate": 1e-2, "backprop_steps": 2,
-                  "micro_batch_size": 2, **train},
+        "train": {"algorithm": "draft", "iterations": 1, "learning_rate": 1e-2, "micro_batch_size": 2, **train},
+        "draft": {"backprop_steps": 2},
         "prompts": {"train": ["a red circle", "a blue square"]},
         "log": {"output_dir": str(tmp_path / kind), "progress": False, "grid_every": 1},
     })

@@ -120,15 +120,15 @@ def _scripted_rewards():
                                    differentiable=True, needs_weights=False), overwrite=True)
 
 
-def _cfg(tmp_path, tiny_pipeline_dir, name, **train):
+def _cfg(tmp_path, tiny_pipeline_dir, name, mode="off", **train):
     return from_dict({
         "model": {"pretrained": str(tiny_pipeline_dir("sd3")), "height": 16, "width": 16, "lora_rank": 4,
                   "lora_alpha": 4},
         "sample": {"num_steps": 2, "guidance_scale": 1.0, "kernel": "ode", "noise_level": 0.0, "group_size": 2,
                    "prompts_per_iteration": 1, "batch_size": 4},
         "reward": {"rewards": {"test-proxy": 1.0}},
-        "train": {"algorithm": "draft", "iterations": 5, "learning_rate": 3e-2, "micro_batch_size": 2,
-                  "hacking_window": 3, "hacking_tolerance": 0.02, **train},
+        "train": {"algorithm": "draft", "iterations": 5, "learning_rate": 3e-2, "micro_batch_size": 2, **train},
+        "guard": {"mode": mode, "window": 3, "tolerance": 0.02},
         "prompts": {"train": ["a red circle"], "eval": ["a blue square"], "eval_samples_per_prompt": 2},
         "log": {"output_dir": str(tmp_path / name), "progress": False, "grid_every": 0, "eval_every": 1,
                 "gold_rewards": ["test-gold"]},
@@ -150,7 +150,7 @@ def warn_run(tmp_path_factory, tiny_pipeline_dir):
     """The warn-mode run, saving every iteration's weights for the stop and rollback runs to be compared with."""
     from diffusion_rl.trainer import Trainer
 
-    trainer = Trainer(_cfg(tmp_path_factory.mktemp("guard"), tiny_pipeline_dir, "warn", hacking_guard="warn"))
+    trainer = Trainer(_cfg(tmp_path_factory.mktemp("guard"), tiny_pipeline_dir, "warn", mode="warn"))
     trainer.cfg.log.save_every = 1
     return trainer, trainer.fit()
 
@@ -179,7 +179,7 @@ def test_warn_logs_gold_diversity_and_the_alarm_and_keeps_training(warn_run):
 def test_stop_ends_at_the_alarm_iteration(warn_run, tmp_path, tiny_pipeline_dir):
     from diffusion_rl.trainer import Trainer
 
-    stop = Trainer(_cfg(tmp_path, tiny_pipeline_dir, "stop", hacking_guard="stop"))
+    stop = Trainer(_cfg(tmp_path, tiny_pipeline_dir, "stop", mode="stop"))
     hist = stop.fit()
     assert max(h["iteration"] for h in hist) == 4 and stop.iteration == 4
     assert _alarms(hist) == [4]
@@ -192,7 +192,7 @@ def test_stop_ends_at_the_alarm_iteration(warn_run, tmp_path, tiny_pipeline_dir)
 def test_rollback_restores_the_best_by_gold_checkpoint(warn_run, tmp_path, tiny_pipeline_dir):
     from diffusion_rl.trainer import Trainer
 
-    rb = Trainer(_cfg(tmp_path, tiny_pipeline_dir, "rollback", hacking_guard="rollback"))
+    rb = Trainer(_cfg(tmp_path, tiny_pipeline_dir, "rollback", mode="rollback"))
     hist = rb.fit()
     assert rb.iteration == 4 and _alarms(hist) == [4]
     assert [h["guard/rolled_back_to"] for h in hist if "guard/rolled_back_to" in h] == [2]
@@ -224,11 +224,11 @@ def test_a_resumed_run_alarms_where_the_uninterrupted_one_does(tmp_path, tiny_pi
                                needs_weights=False), overwrite=True)
 
     def cfg(name, iterations, **log):
-        c = _cfg(tmp_path, tiny_pipeline_dir, name, hacking_guard="warn", iterations=iterations)
+        c = _cfg(tmp_path, tiny_pipeline_dir, name, mode="warn", iterations=iterations)
         c.reward.rewards = {"mock": 1.0}
         c.prompts.eval = ["a red square"]
         c.log.gold_rewards = ["test-anti-mock"]
-        c.train.hacking_tolerance = 0.0
+        c.guard.tolerance = 0.0
         for k, v in log.items():
             setattr(c.log, k, v)
         return c
@@ -263,18 +263,20 @@ def test_config_errors(tmp_path, tiny_pipeline_dir):
     from diffusion_rl.cli import main
     from diffusion_rl.trainer import Trainer
 
-    with pytest.raises(ConfigError, match=r"train.hacking_guard must be one of \['off', 'warn', 'stop', 'rollback'\]"):
-        from_dict({"reward": {"rewards": {"mock": 1}}, "train": {"hacking_guard": "panic"},
+    with pytest.raises(ConfigError, match=r"guard.mode must be one of \['off', 'warn', 'stop', 'rollback'\]"):
+        from_dict({"reward": {"rewards": {"mock": 1}}, "guard": {"mode": "panic"},
                    "log": {"gold_rewards": ["shapes-eval"]}})
     with pytest.raises(ConfigError, match="needs gold rewards to watch: set log.gold_rewards"):
-        from_dict({"reward": {"rewards": {"mock": 1}}, "train": {"hacking_guard": "stop"}})
-    with pytest.raises(ConfigError, match="hacking_window must be >= 2"):
-        from_dict({"reward": {"rewards": {"mock": 1}}, "train": {"hacking_window": 1}})
+        from_dict({"reward": {"rewards": {"mock": 1}}, "guard": {"mode": "stop"}})
+    with pytest.raises(ConfigError, match="guard.window must be >= 2"):
+        from_dict({"reward": {"rewards": {"mock": 1}}, "guard": {"window": 1}})
     with pytest.raises(ConfigError, match="log.eval_every is 0"):
-        from_dict({"reward": {"rewards": {"mock": 1}}, "train": {"hacking_guard": "warn"},
+        from_dict({"reward": {"rewards": {"mock": 1}}, "guard": {"mode": "warn"},
                    "log": {"gold_rewards": ["mock"], "eval_every": 0}})
-    with pytest.raises(ConfigError, match="hacking_tolerance must be >= 0"):
-        from_dict({"reward": {"rewards": {"mock": 1}}, "train": {"hacking_tolerance": -0.1}})
+    with pytest.raises(ConfigError, match="guard.tolerance must be >= 0"):
+        from_dict({"reward": {"rewards": {"mock": 1}}, "guard": {"tolerance": -0.1}})
+    with pytest.raises(ConfigError, match="train.hacking_guard moved to guard.mode"):
+        from_dict({"reward": {"rewards": {"mock": 1}}, "train": {"hacking_guard": "warn"}})
     cfg = _cfg(tmp_path, tiny_pipeline_dir, "bad")
     cfg.log.gold_rewards = ["shapes-evl"]
     with pytest.raises(UnknownRewardError, match="log.gold_rewards: unknown reward 'shapes-evl'. Did you mean 'shapes-eval'"):
@@ -287,12 +289,12 @@ def test_config_errors(tmp_path, tiny_pipeline_dir):
     args = ["--config", str(ROOT / "configs/shapes_draft.yaml"), "log.gold_rewards=[shapes-evl]"]
     assert main(["config", "--check", *args]) == 2
     assert main(["train", *args, f"log.output_dir={tmp_path / 'cli'}"]) == 2
-    assert main(["config", "--config", str(ROOT / "configs/shapes_draft.yaml"), "train.hacking_guard=stop"]) == 2
+    assert main(["config", "--config", str(ROOT / "configs/shapes_draft.yaml"), "guard.mode=stop"]) == 2
 
 
 def test_guarded_config_resolves():
     cfg = load_config(ROOT / "configs/shapes_draft_guarded.yaml")
-    assert cfg.log.gold_rewards == ["shapes-eval"] and cfg.train.hacking_guard == "rollback"
+    assert cfg.log.gold_rewards == ["shapes-eval"] and cfg.guard.mode == "rollback"
     assert cfg.reward.rewards == {"shapesworld-pref": 1.0}
     assert mmreward.list_rewards().count("shapes-eval") == 1
 

@@ -184,9 +184,10 @@ def test_nft_config_checks():
     rw = {"rewards": {"mock": 1.0}}
     cfg = from_dict({"preset": "diffusion_nft", "reward": rw})
     assert cfg.train.algorithm == "nft" and cfg.sample.kernel == "ode" and cfg.sample.ode_solver == "dpm2"
-    assert cfg.sample.guidance_scale == 1.0 and cfg.train.nft_beta == 1.0
-    with pytest.raises(ConfigError, match="nft_old_decay"):
-        from_dict({"train": {"algorithm": "nft", "nft_old_decay": [0, 0.1, 1.0]}, "sample": {"kernel": "ode"}, "reward": rw})
+    assert cfg.sample.guidance_scale == 1.0 and cfg.nft.beta == 1.0
+    with pytest.raises(ConfigError, match="nft.old_decay"):
+        from_dict({"train": {"algorithm": "nft"}, "nft": {"old_decay": [0, 0.1, 1.0]}, "sample": {"kernel": "ode"},
+                   "reward": rw})
     with pytest.raises(ConfigError, match="ode_solver"):
         from_dict({"sample": {"ode_solver": "heun"}, "reward": rw})
     with pytest.raises(ConfigError, match="kernel 'ode'"):

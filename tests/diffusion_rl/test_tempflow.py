@@ -136,13 +136,15 @@ def test_branched_rollout_shares_the_prefix_and_branches_only_at_k(tiny_pipeline
 def test_tempflow_config_checks():
     cfg = from_dict({"preset": "tempflow_grpo", "reward": RW})
     assert cfg.sample.branching and cfg.sample.share_initial_noise and cfg.sample.sde_window_size == 1
-    assert cfg.train.noise_aware_weight and cfg.train.algorithm == "grpo" and cfg.train.kl_mode == "exact"
+    assert cfg.ppo.noise_aware_weight and cfg.train.algorithm == "grpo" and cfg.ppo.kl_mode == "exact"
     with pytest.raises(ConfigError, match="share_initial_noise"):
         from_dict({"preset": "tempflow_grpo", "sample": {"share_initial_noise": False}, "reward": RW})
     with pytest.raises(ConfigError, match="sde_window_size: 1"):
         from_dict({"preset": "tempflow_grpo", "sample": {"sde_window_size": 2}, "reward": RW})
-    with pytest.raises(ConfigError, match="noise_aware_weight"):
-        from_dict({"train": {"algorithm": "nft", "noise_aware_weight": True}, "sample": {"kernel": "ode"}, "reward": RW})
+    with pytest.raises(ConfigError, match="ppo.noise_aware_weight is read by grpo, grpo_guard, pref_grpo and ddpo, "
+                                          "not by train.algorithm nft"):
+        from_dict({"train": {"algorithm": "nft"}, "ppo": {"noise_aware_weight": True}, "sample": {"kernel": "ode"},
+                   "reward": RW})
     with pytest.raises(ConfigError, match="branching"):
         from_dict({"train": {"algorithm": "draft"}, "sample": {"branching": True, "share_initial_noise": True,
                                                                 "sde_window_size": 1}, "reward": RW})
