@@ -33,19 +33,27 @@ def reward_catalog() -> str:
 
 
 def config_keys() -> str:
+    from diffusion_rl.config import METHOD_SECTIONS
     from diffusion_rl.config_check import config_keys as keys
 
     out = ["# Configuration keys", "",
            "Every key a `diffusion-rl` config sets, generated from the config dataclasses in "
            "`diffusion_rl/config.py` (`diffusion-rl config --help-keys` prints the same). Set them in YAML or "
-           "on the command line as `section.key=value`.", ""]
+           "on the command line as `section.key=value`.", "",
+           "`train` holds the loop, the optimizer and the keys several methods share; each method's own keys are "
+           "in its section (`ppo`, `draft`, `nft`, `dpo`, `prdp`, `raft`, `awm`, `dgpo`, `crd`, `refl`). A key of a "
+           "section that `train.algorithm` does not read is a config error, as is a flat key of earlier versions "
+           "(`train.nft_beta`: now `nft.beta`).", ""]
     section = None
     for k in keys():
         head = k.key.split(".")[0] if "." in k.key else "top level"
         if head != section:
             section = head
-            out += ["", f"## `{section}`" if section != "top level" else "## top level", "",
-                    "| key | type | default | help |", "|---|---|---|---|"]
+            out += ["", f"## `{section}`" if section != "top level" else "## top level", ""]
+            cls = METHOD_SECTIONS.get(section)
+            if cls is not None:
+                out += [f"{cls.__doc__.strip()} Read by: {', '.join(f'`{a}`' for a in cls.READERS)}.", ""]
+            out += ["| key | type | default | help |", "|---|---|---|---|"]
         out.append(f"| `{k.key}` | `{_cell(k.type)}` | `{_cell(k.default)}` | {_cell(k.help)} |")
     return "\n".join(out) + "\n"
 
