@@ -5,8 +5,11 @@ exchanges the rest (Ulysses: all-to-all over heads; ring: key/value blocks passe
 activations do not fit one device then fits `degree` of them.
 
 Configured by `model.context_parallel: {ulysses_degree: N}` (or `ring_degree`; their product is the group size,
-which must equal the number of processes) and applied to the adapter's transformer(s) when the run builds its
-adapter (`diffusion_rl.pipelines.adapter_for_config`), so every rollout forward pass is split. See
+the degree) and applied to the adapter's transformer(s) when the run builds its adapter
+(`diffusion_rl.pipelines.adapter_for_config`), so every rollout forward pass is split. The number of processes is
+any multiple of the degree: groups x degree processes form a (groups, ring, ulysses) device mesh (`device_mesh`)
+handed to diffusers as `ContextParallelConfig(mesh=...)`; processes g x degree ... (g + 1) x degree - 1 are group g
+(8 processes with ulysses_degree 4: {0..3} and {4..7}), and the groups are data parallel to each other. See
 docs/context_parallel.md for the launch lines and what is measured.
 
 What runs where (measured in this repository, tests/diffusion_rl/test_context_parallel.py):
@@ -21,16 +24,18 @@ What runs where (measured in this repository, tests/diffusion_rl/test_context_pa
   Pref-GRPO, DDPO, DiffusionNFT); the others are refused with a typed error (`check_training`). Three things make
   a CP run's update equal the one-process update on the same samples:
   1. the processes of a group own the same samples: the sample assignment runs over data ranks
-     `process_index // degree` of `num_processes // degree` (`sample_assignment.DataRank`), so today's groups
-     (the group spans every process) form one data-parallel group;
+     `process_index // degree` of `num_processes // degree` (`sample_assignment.DataRank`), the mesh's rows, so
+     each group is one data-parallel rank;
   2. gathers keep one copy of each group's samples (the leader's: `sample_assignment.CanonicalOrder`, the
      evaluation scores);
   3. each process's parameter gradient is only its sequence shard's share (measured on the tiny Wan: the two
      shares sum to the one-process gradient; diffusers gathers the output for every process and the backward
-     of that gather keeps the process's own slice), and DDP averages over all processes: `Policy.step`
-     multiplies the averaged gradient by the degree before clipping, which turns the mean over the `degree`
-     shares of a group into their sum (tests/diffusion_rl/test_context_parallel.py: the trained LoRA equals the
-     one-process run's).
+     of that gather keeps the process's own slice), and DDP averages over all processes (its default group, not
+     the mesh): `Policy.step` multiplies the averaged gradient by the degree before clipping. With G groups of
+     d processes that is d / (G d) x (sum over groups of the sum of each group's d shares) = the mean over groups
+     of each group's whole-clip gradient, the data-parallel mean of a one-process-per-rank run, so the update
+     equals the one-process update on the same global samples (tests/diffusion_rl/test_context_parallel.py: the
+     trained LoRA equals the one-process run's, with 1 group of 2 processes and with 2 groups of 2).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ import torch
 from mmreward.errors import ConfigError
 
 KEYS = ("ulysses_degree", "ring_degree")
+# the device mesh's dimensions: data-parallel groups, then diffusers' two sequence dimensions ("ring", "ulysses" are
+# the names ContextParallelConfig.setup indexes; the data dimension's name is ours, nothing in diffusers reads it)
+MESH_DIMS = ("dp", "ring", "ulysses")
 # the methods whose training under context parallelism is tested against one process, each end to end
 # (tests/diffusion_rl/test_context_parallel.py); the others count, gather or select per process in code not
 # checked with a group's duplicated samples (DPO pair counts, RAFT winners, DRaFT's reward gather, ...): refused
@@ -115,10 +123,27 @@ def _transformers(adapter: Any) -> list[Any]:
     return [m for m in denoiser.children() if isinstance(m, ModelMixin)]
 
 
+def device_mesh(settings: dict[str, int], world_size: int, device_type: str) -> Any:
+    """The (data, ring, ulysses) device mesh of `world_size` processes, dimensions named `MESH_DIMS`, that diffusers
+    takes as `ContextParallelConfig(mesh=...)`: it splits the sequence over the sub-mesh `mesh["ring", "ulysses"]`
+    and runs the all-to-all / ring exchanges on `mesh["ulysses"]` / `mesh["ring"]` process groups
+    (diffusers/models/_modeling_parallel.py `ContextParallelConfig.setup`, 0.42.1), so every context-parallel
+    group is one row of the mesh. Row-major: group g is processes g x degree ... (g + 1) x degree - 1, the
+    processes `sample_assignment.DataRank` gives data rank g. A collective call: every process makes it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    size = degree(settings)
+    if world_size % size:
+        raise ConfigError(f"{world_size} processes cannot form context-parallel groups of {size}")
+    shape = (world_size // size, settings["ring_degree"], settings["ulysses_degree"])
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
 def enable_context_parallel(adapter: Any, settings: dict[str, int] | None) -> None:
-    """Split every forward pass of the adapter's video transformer(s) over the process group (see the module
-    docstring); a typed ConfigError when the run cannot (not launched with that many processes, an image family,
-    a transformer without diffusers' context-parallel plan, ring attention on CPU)."""
+    """Split every forward pass of the adapter's video transformer(s) over this process's context-parallel group
+    (a row of `device_mesh`, see the module docstring); a typed ConfigError when the run cannot (one process, a
+    number of processes that is not a multiple of the degree, an image family, a transformer without diffusers'
+    context-parallel plan, ring attention on CPU). A collective call: every process makes it."""
     if settings is None:
         return
     import torch.distributed as dist
@@ -128,9 +153,11 @@ def enable_context_parallel(adapter: Any, settings: dict[str, int] | None) -> No
         raise ConfigError(f"model.context_parallel splits each clip over {size} processes, but this is one "
                           f"process: launch with `torchrun --nproc_per_node {size}` (or accelerate launch "
                           f"--num_processes {size}), see docs/context_parallel.md")
-    if dist.get_world_size() != size:
-        raise ConfigError(f"model.context_parallel's group ({size} processes: ulysses {settings['ulysses_degree']}"
-                          f" x ring {settings['ring_degree']}) must span all {dist.get_world_size()} processes")
+    world = dist.get_world_size()
+    if world % size:
+        raise ConfigError(f"model.context_parallel's groups ({size} processes each: ulysses "
+                          f"{settings['ulysses_degree']} x ring {settings['ring_degree']}) cannot divide {world} "
+                          f"processes: launch a multiple of {size} (groups x {size}), see docs/context_parallel.md")
     if adapter.modality != "video":
         raise ConfigError(f"model.context_parallel is for video transformers; a {adapter.family} pipeline makes "
                           "images: leave model.context_parallel unset")
@@ -147,7 +174,8 @@ def enable_context_parallel(adapter: Any, settings: dict[str, int] | None) -> No
                           "cannot split its sequence; leave model.context_parallel unset")
     from diffusers import ContextParallelConfig
 
+    mesh = device_mesh(settings, world, adapter.device.type)  # one mesh (one set of process groups) for all experts
     for model in models:
-        config = ContextParallelConfig(**settings)
+        config = ContextParallelConfig(**settings, mesh=mesh)
         with _cpu_device_index() if on_cpu else contextlib.nullcontext():
             model.enable_parallelism(config=config)

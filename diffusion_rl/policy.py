@@ -32,7 +32,8 @@ class Policy:
         self.accelerator = accelerator
         check_training(cfg, accelerator)
         # under context parallelism each process's gradient is its sequence shard's share (diffusion_rl/
-        # context_parallel.py): `step` turns DDP's mean over the group's processes into their sum
+        # context_parallel.py): `step` multiplies DDP's mean over all processes by the degree, which makes each
+        # group's shares a sum (the whole clip's gradient) and leaves the mean over the data-parallel groups
         self.cp_degree = degree(cfg.model.context_parallel)
         model = adapter.denoiser
         self.ref_model = None

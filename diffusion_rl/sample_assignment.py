@@ -34,7 +34,7 @@ PROMPT_DRAW, TRAIN_STEP_DRAW, SDE_WINDOW_DRAW = -2, -3, -4
 class DataRank:
     """This process's place among the data-parallel groups: `rank` of `world`. Without context parallelism
     (`cp_degree` 1) that is the process index of the number of processes; with it, the `cp_degree` consecutive
-    processes of a group (diffusers' device mesh puts its sequence dimensions last) share one data rank, and the
+    processes of a group (a row of `context_parallel.device_mesh`, sequence dimensions last) share one data rank, and the
     first of them is its `leader`, the one whose copy of the group's results a gather keeps."""
 
     rank: int

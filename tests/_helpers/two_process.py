@@ -11,14 +11,17 @@ from typing import Any
 import torch
 
 
-def launch_two_processes(config: Path, *, timeout: int = 600, port: int | None = None) -> None:
-    """`diffusion-rl train --config config` on 2 CPU processes (gloo); fails the test with the run's stderr.
+def launch_two_processes(config: Path, *, timeout: int = 600, port: int | None = None,
+                         num_processes: int = 2) -> None:
+    """`diffusion-rl train --config config` on 2 CPU processes (gloo), or `num_processes`; fails the test with the
+    run's stderr.
 
     `accelerate launch` through its module: the same parser and launch_command, without the accelerate CLI
     loading its other subcommands first (about half the launcher's start-up)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                           "--num_processes", str(num_processes), "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no",
                            *(["--main_process_port", str(port)] if port is not None else []),
                            "-m", "diffusion_rl", "train", "--config", str(config)],
                           env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,7 +1,9 @@
 """Context parallelism (diffusion_rl/context_parallel.py): `model.context_parallel: {ulysses_degree: 2}` over 2 CPU
 processes (gloo) gives the one-process rollout of the tiny Wan pipeline, and trains (GRPO, GRPO-Guard, DDPO,
-Pref-GRPO, NFT) to the one-process run's LoRA; the data-rank sample assignment and the gathers that keep one copy per group, against hand-built
-orderings; bad settings, one-process launches and unsupported methods are typed errors."""
+Pref-GRPO, NFT) to the one-process run's LoRA, also as 2 data-parallel groups on 4 processes (GRPO); the device
+mesh's groups (which ranks split a clip), the data-rank sample assignment and the gathers that keep one copy per
+group, against hand-built rank lists and orderings; bad settings, one-process launches and unsupported methods are
+typed errors."""
 
 from __future__ import annotations
 
@@ -112,6 +114,83 @@ def test_canonical_order_keeps_one_copy_of_each_groups_samples():
     assert one_copy_per_group(torch.tensor([3, 4]), 2, 1).tolist() == [3, 4]
 
 
+def _fake_world(rank: int, world: int):
+    """This one process as process `rank` of `world` on torch's fake backend (collectives do nothing): enough to
+    build device meshes and their process groups and read which ranks each holds, without launching `world`."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+
+
+def _ranks(mesh) -> list[int]:
+    import torch.distributed as dist
+
+    return dist.get_process_group_ranks(mesh.get_group())
+
+
+@pytest.mark.parametrize("world, ulysses, groups", [
+    (4, 2, [[0, 1], [2, 3]]),  # 2 groups x ulysses 2, as the slow 4-process test launches
+    (8, 4, [[0, 1, 2, 3], [4, 5, 6, 7]]),  # 8 GPUs, ulysses 4: docs/context_parallel.md's launch line
+    (2, 2, [[0, 1]]),  # one group spanning every process, as before
+])
+def test_context_parallel_groups_are_the_data_ranks(world, ulysses, groups):
+    """`enable_context_parallel` on a tiny Wan transformer as each process of `world` (fake process group, one
+    process): diffusers' sequence split (`_flattened_mesh`) and its Ulysses all-to-all group are the hand-listed
+    group of consecutive processes, the same processes `DataRank` gives one data rank (leader: the first)."""
+    import torch.distributed as dist
+    from diffusers import WanTransformer3DModel
+
+    from diffusion_rl.context_parallel import enable_context_parallel
+    from diffusion_rl.sample_assignment import DataRank
+
+    settings = {"ulysses_degree": ulysses, "ring_degree": 1}
+    for rank in range(world):
+        _fake_world(rank, world)
+        try:
+            model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=4,
+                                          in_channels=4, out_channels=4, text_dim=8, freq_dim=8, ffn_dim=16,
+                                          num_layers=1, rope_max_seq_len=32)
+            adapter = SimpleNamespace(modality="video", family="wan", device=torch.device("cpu"), denoiser=model)
+            enable_context_parallel(adapter, settings)
+            cp = model._parallel_config.context_parallel_config
+            mine = next(g for g in groups if rank in g)
+            assert _ranks(cp._flattened_mesh) == mine, rank  # the processes that split this process's clips
+            assert _ranks(cp._ulysses_mesh) == mine, rank  # the all-to-all's group
+            assert cp._ulysses_local_rank == mine.index(rank)
+            data = DataRank.of(_accelerator(rank, world), ulysses)
+            assert (data.rank, data.world, data.leader) == (groups.index(mine), len(groups), rank == mine[0])
+        finally:
+            dist.destroy_process_group()
+
+
+def test_ring_and_ulysses_mesh_of_two_groups():
+    """8 processes as 2 groups of ring 2 x ulysses 2 (ring needs GPUs, so the mesh is checked without a model):
+    `device_mesh` set up as diffusers does (modeling_utils.py `_resolve_parallel_config` calls
+    `ContextParallelConfig.setup(rank, world_size, device, mesh)`, 0.42.1) gives every process the hand-listed
+    sequence group {0..3} or {4..7}, Ulysses pairs of neighbours and ring pairs two apart; 6 processes do not
+    divide into groups of 4 (a typed error)."""
+    import torch.distributed as dist
+    from diffusers import ContextParallelConfig
+
+    from diffusion_rl.context_parallel import device_mesh
+
+    settings = {"ulysses_degree": 2, "ring_degree": 2}
+    for rank in range(8):
+        _fake_world(rank, 8)
+        try:
+            mesh = device_mesh(settings, 8, "cpu")
+            cp = ContextParallelConfig(**settings, mesh=mesh)
+            cp.setup(rank, 8, torch.device("cpu"), mesh)
+            assert _ranks(cp._flattened_mesh) == [[0, 1, 2, 3], [4, 5, 6, 7]][rank // 4]
+            assert _ranks(cp._ulysses_mesh) == [[0, 1], [2, 3], [4, 5], [6, 7]][rank // 2]
+            assert _ranks(cp._ring_mesh) == [[0, 2], [1, 3], [4, 6], [5, 7]][(rank // 4) * 2 + rank % 2]
+        finally:
+            dist.destroy_process_group()
+    with pytest.raises(ConfigError, match="6 processes cannot form context-parallel groups of 4"):
+        device_mesh(settings, 6, "cpu")
+
+
 def test_policy_step_sums_the_groups_gradient_shares():
     """DDP leaves the mean of the group's shard shares in .grad; `Policy.step` multiplies it by the degree before
     clipping, so SGD(lr 1) moves a parameter by degree x grad and the reported norm is the summed gradient's."""
@@ -187,6 +266,21 @@ def test_two_process_ulysses_training_equals_the_one_process_run(tiny_pipeline_d
     """`diffusion-rl train` on 2 gloo processes with {ulysses_degree: 2} (one data-parallel group: both processes
     own the same 4 samples, each transformer block sees half of each clip's tokens) gives the one-process run's
     rewards, evaluation, gradient norm and trained LoRA."""
+    _assert_cp_training_equals_one_process(tiny_pipeline_dir, tmp_path, algorithm, port, num_processes=2)
+
+
+# four processes (2 groups x ulysses 2) train tiny Wan on the 2 shared cores, then one process: slow (time in
+# docs/context_parallel.md); the group layout has the cheap test_context_parallel_groups_are_the_data_ranks
+@pytest.mark.slow
+def test_two_groups_of_two_ulysses_training_equals_the_one_process_run(tiny_pipeline_dir, tmp_path):
+    """`diffusion-rl train` on 4 gloo processes with {ulysses_degree: 2}: processes {0, 1} and {2, 3} each split
+    their clips, and the two groups are data parallel (each owns one of the iteration's 2 prompts, 2 samples);
+    rewards, evaluation, gradient norm and trained LoRA equal the one-process run's (GRPO)."""
+    _assert_cp_training_equals_one_process(tiny_pipeline_dir, tmp_path, "grpo", 29566, num_processes=4)
+
+
+def _assert_cp_training_equals_one_process(tiny_pipeline_dir, tmp_path, algorithm: str, port: int,
+                                           num_processes: int) -> None:
     import yaml
 
     from diffusion_rl.checkpointing import read_checkpoint
@@ -198,7 +292,7 @@ def test_two_process_ulysses_training_equals_the_one_process_run(tiny_pipeline_d
     cfg = _train_cfg(pipe_dir, tmp_path / "cp", algorithm, {"ulysses_degree": 2})
     path = tmp_path / "cp.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    launch_two_processes(path, timeout=600, port=port)
+    launch_two_processes(path, timeout=900, port=port, num_processes=num_processes)
     cp = read_checkpoint(tmp_path / "cp" / "checkpoints" / "iter_000002")
     one = Trainer(from_dict(_train_cfg(pipe_dir, tmp_path / "one", algorithm, None)))
     one.fit()
@@ -218,7 +312,7 @@ def test_two_process_ulysses_training_equals_the_one_process_run(tiny_pipeline_d
         assert sorted(mine) == sorted(theirs)
         worst = max(float((mine[n] - theirs[n]).abs().max()) for n in mine)
         moved = max(float(mine[n].abs().max()) for n in mine if "lora_B" in n)
-        print(f"{algorithm} iteration {it}: max |LoRA(cp) - LoRA(1 process)| = {worst:.3g}, "
-              f"max |lora_B| = {moved:.3g}")
+        print(f"{algorithm}, {num_processes} processes, iteration {it}: max |LoRA(cp) - LoRA(1 process)| = "
+              f"{worst:.3g}, max |lora_B| = {moved:.3g}")
         assert moved > 5e-4  # the first step moves lora_B by ~1e-3: Adam at eps 1e-2 is nearly lr * gradient
         assert worst <= rel * moved, (it, worst, moved)
