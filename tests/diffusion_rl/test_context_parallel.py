@@ -169,11 +169,11 @@ def test_ring_and_ulysses_mesh_of_two_groups():
     `device_mesh` set up as diffusers does (modeling_utils.py `_resolve_parallel_config` calls
     `ContextParallelConfig.setup(rank, world_size, device, mesh)`, 0.42.1) gives every process the hand-listed
     sequence group {0..3} or {4..7}, Ulysses pairs of neighbours and ring pairs two apart; 6 processes do not
-    divide into groups of 4 (a typed error)."""
+    divide into groups of 4, nor 3 into groups of 2 (typed errors)."""
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
-    from diffusion_rl.context_parallel import device_mesh
+    from diffusion_rl.context_parallel import device_mesh, enable_context_parallel
 
     settings = {"ulysses_degree": 2, "ring_degree": 2}
     for rank in range(8):
@@ -189,6 +189,12 @@ def test_ring_and_ulysses_mesh_of_two_groups():
             dist.destroy_process_group()
     with pytest.raises(ConfigError, match="6 processes cannot form context-parallel groups of 4"):
         device_mesh(settings, 6, "cpu")
+    _fake_world(0, 3)  # a launch of 3 processes with groups of 2: refused before the model is touched
+    try:
+        with pytest.raises(ConfigError, match="cannot divide 3 processes: launch a multiple of 2"):
+            enable_context_parallel(object(), {"ulysses_degree": 2, "ring_degree": 1})
+    finally:
+        dist.destroy_process_group()
 
 
 def test_policy_step_sums_the_groups_gradient_shares():
