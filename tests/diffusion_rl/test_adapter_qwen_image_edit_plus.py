@@ -21,9 +21,11 @@ from diffusion_rl.rollout import rollout, step_log_prob
 from mmreward.edit import EditPrompt
 from mmreward.errors import ConfigError
 from tests._helpers.parity_record import record_parity
+from tests._helpers.qwen_edit_area import SMALL_AREA_SCALE, small_source_areas
 from tests._helpers.tolerances import assert_close_scaled
 
-H = W = 32  # latents 4x4 -> 4 packed noisy tokens; the condition images add ~4k tokens each (1024x1024 area)
+H = W = 32  # latents 4x4 -> 4 packed noisy tokens; the condition images add 64 tokens each at the default
+# suite's source areas (tests/_helpers/qwen_edit_area.py: 1/64 of the released ones), 4096 at the released 1024x1024
 MAX_LEN = 256  # template + two images' vision tokens (the tiny processor's) + instruction fit
 ORIGINAL = "diffusers==0.42.1 QwenImageEditPlusPipeline"
 
@@ -92,14 +94,21 @@ def test_edit_records_carry_every_source(records):
 
 
 @pytest.mark.parity
-# 2 images without CFG: slow (the suite's time budget); 2 images with CFG covers both paths in the default run
+# 2 images with and without CFG at 1/64 of the released source areas; at the released areas (a 1024x1024 VAE
+# encoding per image and call, 4096 condition tokens per image): slow, for the suite's time budget
 # 1 image with CFG (given our embeddings): the adapter conformance suite; its own-encoding check is the 2-image one's
-@pytest.mark.parametrize(("row", "cfg"), [pytest.param(0, 1.0, marks=pytest.mark.slow), (0, 2.5)],
-                         ids=["2img-cfg1", "2img-cfg2.5"])
+@pytest.mark.parametrize(("row", "cfg", "scale"), [(0, 1.0, SMALL_AREA_SCALE), (0, 2.5, SMALL_AREA_SCALE),
+                                                   pytest.param(0, 2.5, 1, marks=pytest.mark.slow)],
+                         ids=["2img-cfg1", "2img-cfg2.5", "2img-cfg2.5-released-area"])
 @torch.no_grad()
-def test_ode_rollout_equals_the_edit_plus_pipeline(plus, records, row, cfg):
+def test_ode_rollout_equals_the_edit_plus_pipeline(plus, records, row, cfg, scale):
     """Same x_T and scheduler: our ODE rollout is QwenImageEditPlusPipeline's sampling for 1 and 2 condition images
     (the pipeline samples one prompt per call)."""
+    with small_source_areas(scale):
+        _check_ode_rollout(plus, records, row, cfg)
+
+
+def _check_ode_rollout(plus, records, row, cfg):
     from diffusion_rl.adapters.qwen_image_edit_plus import QwenImageEditPlusAdapter
 
     prompts, _, _ = records
@@ -157,12 +166,13 @@ def _reference_velocity(pipe, x, t, prompt: EditPrompt, cfg):
     """One denoiser evaluation as QwenImageEditPlusPipeline.__call__ makes it (transcribed): condition images at
     384x384 area for the VLM, VAE images at 1024x1024 area, latents packed and concatenated in order, img_shapes
     [noisy grid, *condition grids], cond and uncond (' ') predictions cut to the noisy tokens, norm rescale."""
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import calculate_dimensions
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as module
 
     cond_imgs, lat, shapes = [], [], [(1, H // 16, W // 16)]
     for img in _pil(prompt):
-        cw, ch = calculate_dimensions(384 * 384, img.size[0] / img.size[1])
-        vw, vh = calculate_dimensions(1024 * 1024, img.size[0] / img.size[1])
+        # the module's areas (384x384 and 1024x1024 as released; smaller under small_source_areas)
+        cw, ch = module.calculate_dimensions(module.CONDITION_IMAGE_SIZE, img.size[0] / img.size[1])
+        vw, vh = module.calculate_dimensions(module.VAE_IMAGE_SIZE, img.size[0] / img.size[1])
         cond_imgs.append(pipe.image_processor.resize(img, ch, cw))
         z = pipe._encode_vae_image(pipe.image_processor.preprocess(img, vh, vw).unsqueeze(2), generator=None)
         lat.append(pipe._pack_latents(z, 1, z.shape[1], z.shape[3], z.shape[4]))
@@ -183,6 +193,7 @@ def _reference_velocity(pipe, x, t, prompt: EditPrompt, cfg):
 
 
 @torch.no_grad()
+@small_source_areas()
 def test_sde_log_probs_are_independent_gaussian_densities(plus, records):
     """Flow-GRPO's SDE step from the pipeline's own velocity (two condition images): mean and std in float64, the
     density of the sampled next state averaged over the latent elements (the kernels' reduction="mean")."""
@@ -209,6 +220,7 @@ def test_sde_log_probs_are_independent_gaussian_densities(plus, records):
     assert (traj.log_probs[:, 1] == 0).all()  # the last step is the ODE
 
 
+@small_source_areas()
 def test_missing_and_bad_source_images_are_config_errors(plus, records, tmp_path):
     from mmreward.edit import check_edit_run
     from mmreward.prompt_sources import load_prompts
