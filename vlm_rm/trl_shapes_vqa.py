@@ -138,13 +138,14 @@ class GoldMonitor(_trainer_callback_base()):
     """Gold accuracy (greedy answers, `shapes-vqa`) on fixed evaluation questions beside the learned reward of the
     same answers; `split_items` (the world's compositional held-out split) is tracked too, gold only."""
 
-    def __init__(self, items, learned_fn=None, every: int = 20, split_items=()):
+    def __init__(self, items, learned_fn=None, every: int = 20, split_items=(), image_size: int | None = None):
         from mmreward.synthetic.vqa_policy import render_items
 
         self.items, self.learned_fn, self.every = items, learned_fn, every
-        self.images, self.first = render_items(items)
+        self.images, self.first = render_items(items, image_size)
         self.split_items = list(split_items)
-        self.split_images, self.split_first = render_items(self.split_items) if self.split_items else (None, None)
+        self.split_images, self.split_first = (render_items(self.split_items, image_size) if self.split_items
+                                               else (None, None))
         self.curve: list[dict[str, Any]] = []
         self.answers: dict[int, list[str]] = {}
         self.correct: dict[int, torch.Tensor] = {}
@@ -190,12 +191,13 @@ class GoldMonitor(_trainer_callback_base()):
 # ----------------------------------------------------------------------------------------------
 # the run
 # ----------------------------------------------------------------------------------------------
-def training_rows(cfg: RecipeConfig):
+def training_rows(cfg: RecipeConfig, image_size: int | None = None):
     from mmreward.synthetic.vqa import make_questions, to_trl_rows
     from mmreward.synthetic.vqa_policy import IMAGE_SIZE, render_items
 
+    size = image_size or IMAGE_SIZE
     items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=cfg.kind_list())
-    return to_trl_rows(items, size=IMAGE_SIZE, answer_format=False, images=render_items(items)[0])
+    return to_trl_rows(items, size=size, answer_format=False, images=render_items(items, size)[0])
 
 
 def grpo_config(cfg: RecipeConfig):
@@ -218,23 +220,26 @@ def grpo_config(cfg: RecipeConfig):
 def build_trainer(cfg: RecipeConfig):
     """(trainer, monitor): trl's GRPOTrainer on the world's training rows with our rewards, and the gold monitor."""
     import datasets
+    from transformers import AutoProcessor
     from trl import GRPOTrainer
 
     from mmreward.synthetic.assets import resolve_asset
-    from mmreward.synthetic.vqa_policy import eval_items
+    from mmreward.synthetic.vqa_policy import eval_items, policy_image_size
 
     cfg.check()
     torch.set_num_threads(cfg.threads)
+    policy = resolve_asset(cfg.policy)
+    size = policy_image_size(AutoProcessor.from_pretrained(policy))  # render at the size the policy was built for
     funcs, weights = reward_functions(cfg)
     learned_fn = learned_reward_function(cfg.learned_reward) if cfg.learned_weight > 0 else None
     kinds = cfg.kind_list()
     split = eval_items(cfg.heldout_split_questions, "heldout", kinds=kinds) if cfg.heldout_split_questions else ()
-    monitor = GoldMonitor(eval_items(cfg.eval_questions, "train", kinds=kinds), learned_fn, cfg.eval_every, split)
-    data = datasets.Dataset.from_list(training_rows(cfg))
+    monitor = GoldMonitor(eval_items(cfg.eval_questions, "train", kinds=kinds), learned_fn, cfg.eval_every, split,
+                          image_size=size)
+    data = datasets.Dataset.from_list(training_rows(cfg, size))
     args = grpo_config(cfg)
     args.reward_weights = weights
-    trainer = GRPOTrainer(model=resolve_asset(cfg.policy), args=args, train_dataset=data, reward_funcs=funcs,
-                          callbacks=[monitor])
+    trainer = GRPOTrainer(model=policy, args=args, train_dataset=data, reward_funcs=funcs, callbacks=[monitor])
     return trainer, monitor
 
 

@@ -20,14 +20,22 @@ def chat_prompt(item) -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}]
 
 
-def render_items(items) -> tuple[list[list[Any]], torch.Tensor]:
+def policy_image_size(processor) -> int:
+    """The side of the square images a policy's processor was saved for (min = max pixels, no resize)."""
+    size = processor.image_processor.size
+    return int(round(math.sqrt(size["longest_edge"] if "longest_edge" in size else size["max_pixels"])))
+
+
+def render_items(items, size: int | None = None, processor=None) -> tuple[list[list[Any]], torch.Tensor]:
     """Every item's images as PIL (what the processor and trl read) and each item's first image as a
-    (N, 3, S, S) tensor in [0, 1] (the 8-bit pixels the gold checker reads)."""
+    (N, 3, S, S) tensor in [0, 1] (the 8-bit pixels the gold checker reads). The side S is `size`, else the
+    one `processor` was saved for, else IMAGE_SIZE."""
     import numpy as np
 
     from mmreward.synthetic.vqa import render_grouped
 
-    pils = render_grouped(items, IMAGE_SIZE)
+    side = size or (policy_image_size(processor) if processor is not None else IMAGE_SIZE)
+    pils = render_grouped(items, side)
     first = torch.from_numpy(np.stack([np.asarray(p[0]) for p in pils])).permute(0, 3, 1, 2).float() / 255
     return pils, first
 

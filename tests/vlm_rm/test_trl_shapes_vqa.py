@@ -25,7 +25,7 @@ def test_policy_asset_loads_with_transformers_and_answers_are_single_tokens():
     from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
 
     from mmreward.synthetic.prompts import COLORS, SHAPES
-    from mmreward.synthetic.vqa_policy import POLICY_KINDS
+    from mmreward.synthetic.vqa_policy import POLICY_KINDS, eval_items, policy_image_size, render_items
 
     size = sum(p.stat().st_size for p in POLICY.iterdir())
     assert size < 8 * 2**20, size  # the brief: a few MB
@@ -38,6 +38,14 @@ def test_policy_asset_loads_with_transformers_and_answers_are_single_tokens():
     tok = processor.tokenizer
     for word in [*COLORS, *SHAPES, "yes", "no", "first", "second", *map(str, range(5))]:
         assert len(tok(word)["input_ids"]) == 1, word
+    # the recipe renders at the side the processor was saved for (no resize): sqrt of its pixel budget
+    pixels = json.loads((POLICY / "processor_config.json").read_text())["image_processor"]["size"]["longest_edge"]
+    side = math.isqrt(pixels)
+    assert policy_image_size(processor) == side
+    items = eval_items(5, "train")
+    pils, first = render_items(items, processor=processor)
+    assert pils[0][0].size == (side, side) and first.shape[-2:] == (side, side)
+    assert render_items(items[:1], 56)[0][0][0].size == (56, 56)
     record = json.loads((POLICY / "training.json").read_text())
     held = record["metrics"]["heldout"]
     # above chance but far from perfect (chance over these kinds is about 0.32), as the recipe needs

@@ -7,10 +7,14 @@ What is built (all seeded, deterministic on one machine):
 - a Qwen2 byte-level BPE tokenizer trained on the world's questions and answers (so "circle", "yes" or
   "3" is one token) with Qwen's special tokens and Qwen2-VL-Instruct's chat template;
 - a Qwen2-VL (`Qwen2VLForConditionalGeneration`) from config: 3 text layers of width 96, a 2-block vision
-  tower (initializer_range 0.5, so the pixels matter from the start); images of 84x84 pixels are 36 patches, 9 visual tokens after the 2x2 merge;
+  tower (initializer_range 0.5, so the pixels matter from the start); images of `image_size` pixels (84: 36
+  patches, 9 visual tokens after the 2x2 merge; 56: 4 tokens, one per cell of the scenes' 2x2 grid);
 - a short supervised run (cross-entropy on the answer tokens and <|im_end|>) on training-split questions of
   kinds count, color, shape, position and which, stopped early on purpose: the policy answers above chance
-  but far from perfectly, so a reinforcement-learning run has room to raise it (`vlm_rm.trl_shapes_vqa`).
+  but far from perfectly, so a reinforcement-learning run has room to raise it (`vlm_rm.trl_shapes_vqa`);
+  `--first-kinds shape --first-steps 300` first trains on those kinds only (a curriculum: in the five-kind mix the
+  language model did not learn to name shapes in 2,000 steps, though the vision tower's tokens encode them;
+  docs/results/trl_shapes_vqa.md, "Diagnosis").
 
 Everything is written with `save_pretrained`, so `Qwen2VLForConditionalGeneration.from_pretrained` and
 `AutoProcessor.from_pretrained` (or trl's GRPOTrainer given the folder) load it. The answers are bare words
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 
+from mmreward.errors import ConfigError
 from mmreward.synthetic.vqa_policy import (  # noqa: F401 - re-exported: the recipe's public helpers
     IMAGE_SIZE,
     POLICY_KINDS,
@@ -63,6 +68,9 @@ class VQAPolicyTrainConfig:
     layers: int = 3
     vision_init: float = 0.5  # the vision tower's initializer_range; at 0.02 the policy stayed blind
     # (its loss on shuffled images equalled its loss on the true ones after 125 steps)
+    image_size: int = IMAGE_SIZE  # a multiple of 28 (14-pixel patches, 2x2 merge)
+    first_kinds: str = ""  # a curriculum: the first `first_steps` steps train on these kinds only (fresh
+    first_steps: int = 0  # questions of seed 50 + seed, one pass); the shipped policy uses none
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,14 +136,14 @@ def policy_config(tok, hidden: int = 96, layers: int = 3, vision_init: float = 0
                                                                     "eos_token_id", "tie_word_embeddings")})
 
 
-def build_processor(out_dir: str | Path, tok):
-    """Qwen2-VL's processor for IMAGE_SIZE-pixel images (no resize: min = max = IMAGE_SIZE**2 pixels)."""
+def build_processor(out_dir: str | Path, tok, image_size: int = IMAGE_SIZE):
+    """Qwen2-VL's processor for square images of `image_size` pixels (no resize: min = max = image_size**2)."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     from mmreward.backbones.tiny_qwen_vl import QWEN2_VL_CHAT_TEMPLATE
 
-    size = {"shortest_edge": IMAGE_SIZE * IMAGE_SIZE, "longest_edge": IMAGE_SIZE * IMAGE_SIZE}
+    size = {"shortest_edge": image_size * image_size, "longest_edge": image_size * image_size}
     kw = dict(size=size, patch_size=14, merge_size=2, temporal_patch_size=2)
     processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**kw), tokenizer=tok,
                                  video_processor=Qwen2VLVideoProcessor(**kw), chat_template=QWEN2_VL_CHAT_TEMPLATE)
@@ -172,13 +180,20 @@ def train(cfg: VQAPolicyTrainConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, cfg.vocab_size, cfg.seed)
-    processor = build_processor(out, tok)
+    if cfg.image_size % 28:
+        raise ConfigError(f"image_size must be a multiple of 28 (14-pixel patches merged 2x2), got {cfg.image_size}")
+    processor = build_processor(out, tok, cfg.image_size)
     torch.manual_seed(cfg.seed)
     model = Qwen2VLForConditionalGeneration(policy_config(tok, cfg.hidden, cfg.layers, cfg.vision_init))
     train_items = make_questions(cfg.train_questions, seed=cfg.seed, split="train", kinds=POLICY_KINDS)
-    train_images = render_items(train_items)[0]
+    train_images = render_items(train_items, cfg.image_size)[0]
+    first = tuple(k for k in cfg.first_kinds.split(",") if k) if cfg.first_steps else ()
+    if first:  # its own pool, sized for one pass (fresh questions: the mixed pool's order is unchanged)
+        first_items = make_questions(cfg.first_steps * cfg.batch_size, seed=50 + cfg.seed, split="train",
+                                     kinds=first)
+        first_images = render_items(first_items, cfg.image_size)[0]
     held = eval_items(cfg.eval_questions, "train")  # fresh training-distribution scenes (seed 1, not trained on)
-    held_images, held_first = render_items(held)
+    held_images, held_first = render_items(held, cfg.image_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup))
     rng = random.Random(f"vqa-policy/{cfg.seed}")
@@ -186,12 +201,16 @@ def train(cfg: VQAPolicyTrainConfig) -> dict:
     curve = []
     model.train()
     for step in range(1, cfg.steps + 1):
-        if len(order) < cfg.batch_size:
-            perm = list(range(len(train_items)))
-            rng.shuffle(perm)
-            order += perm
-        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        batch = _sft_batch(processor, [train_items[i] for i in idx], [train_images[i] for i in idx])
+        if first and step <= cfg.first_steps:
+            sl = slice((step - 1) * cfg.batch_size, step * cfg.batch_size)
+            batch = _sft_batch(processor, first_items[sl], first_images[sl])
+        else:
+            if len(order) < cfg.batch_size:
+                perm = list(range(len(train_items)))
+                rng.shuffle(perm)
+                order += perm
+            idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+            batch = _sft_batch(processor, [train_items[i] for i in idx], [train_images[i] for i in idx])
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -209,7 +228,7 @@ def train(cfg: VQAPolicyTrainConfig) -> dict:
                   f"({time.time() - t0:.0f}s)", flush=True)
     model.eval()
     model.save_pretrained(str(out))
-    metrics = measure(model, processor, cfg.eval_questions)
+    metrics = measure(model, processor, cfg.eval_questions, cfg.image_size)
     runtime = round((time.time() - t0) / 60, 1)
     record = {"config": asdict(cfg), "runtime_minutes": runtime, "curve": curve, "metrics": metrics,
               "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}
@@ -218,14 +237,14 @@ def train(cfg: VQAPolicyTrainConfig) -> dict:
     return record
 
 
-def measure(model, processor, n: int) -> dict:
+def measure(model, processor, n: int, image_size: int = IMAGE_SIZE) -> dict:
     """Greedy accuracy per split and per kind on the fixed evaluation questions."""
     from mmreward.synthetic.vqa import make_questions
 
     result: dict[str, Any] = {}
     for split, items in (("heldout", eval_items(n, "heldout")),
                          ("train_distribution", make_questions(n, seed=2, split="train", kinds=POLICY_KINDS))):
-        images, first = render_items(items)
+        images, first = render_items(items, image_size)
         correct = gold_correct(items, generate_answers(model, processor, items, images), first)
         acc, se = accuracy(correct)
         per_kind = {k: round(float(correct[[i for i, it in enumerate(items) if it.kind == k]].mean()), 3)
@@ -249,7 +268,8 @@ of kinds {', '.join(POLICY_KINDS)}: stopped early on purpose so that it answers 
 the starting point of the GRPO recipe `python -m vlm_rm.trl_shapes_vqa` (docs/results/trl_shapes_vqa.md).
 
 Prompts are the user turn `[image(s), question]` with no answer format; answers are bare words ("3", "red",
-"circle", "yes", "first") followed by <|im_end|>. Images are {IMAGE_SIZE}x{IMAGE_SIZE} (9 visual tokens each).
+"circle", "yes", "first") followed by <|im_end|>. Images are {c.get('image_size', IMAGE_SIZE)}x{c.get('image_size', IMAGE_SIZE)}
+({(c.get('image_size', IMAGE_SIZE) // 28) ** 2} visual tokens each).
 
 Load: `Qwen2VLForConditionalGeneration.from_pretrained(folder)`, `AutoProcessor.from_pretrained(folder)`.
 
