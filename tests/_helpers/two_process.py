@@ -5,25 +5,32 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+REPO = Path(__file__).resolve().parents[2]
 
-def launch_two_processes(config: Path, *, timeout: int = 600, port: int | None = None,
+
+def launch_two_processes(config: Path | Sequence[Path], *, timeout: int = 600, port: int | None = None,
                          num_processes: int = 2) -> None:
     """`diffusion-rl train --config config` on 2 CPU processes (gloo), or `num_processes`; fails the test with the
-    run's stderr.
+    run's stderr. Several configs run one after the other in one launch (tests/_helpers/train_runs.py).
 
     `accelerate launch` through its module: the same parser and launch_command, without the accelerate CLI
     loading its other subcommands first (about half the launcher's start-up)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    if isinstance(config, (str, Path)):
+        command = ["-m", "diffusion_rl", "train", "--config", str(config)]
+    else:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        command = ["-m", "tests._helpers.train_runs", *map(str, config)]
     proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                            "--num_processes", str(num_processes), "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no",
-                           *(["--main_process_port", str(port)] if port is not None else []),
-                           "-m", "diffusion_rl", "train", "--config", str(config)],
+                           *(["--main_process_port", str(port)] if port is not None else []), *command],
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -174,9 +174,13 @@ def test_one_dpo_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_
     assert trainer.last_images.shape == (4, 9, 3, 32, 32)
 
 
+@pytest.mark.slow
 def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
     """accelerate on CPU with 2 gloo processes (each holding whole groups, so its own pairs) and the same global
-    batch: the same rewards, gradient norm and weights as one process."""
+    batch: the same rewards, gradient norm and weights as one process.
+
+    Slow: the default suite runs this same check (this config, these assertions) in the launch it shares with the
+    generic GRPO check, test_diffusion_rl_train.py::test_two_process_data_parallel_equals_one_process."""
     from diffusion_rl.checkpointing import read_checkpoint
     from diffusion_rl.trainer import Trainer
 

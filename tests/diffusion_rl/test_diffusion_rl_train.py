@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -137,22 +135,26 @@ def test_cli_train_and_config(pipes, tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
 
 
-def test_two_process_data_parallel_equals_one_process(pipes, tmp_path):
-    """accelerate on CPU with 2 gloo processes and the same global batch gives the same weights."""
+def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipeline_dir):
+    """accelerate on CPU with 2 gloo processes and the same global batch gives the same weights: GRPO, and in the
+    same launch (one launcher and one torch/diffusers import per process for both) online Diffusion-DPO, whose
+    processes each hold whole groups and so pair their own samples (was test_algorithm_dpo's own launch, now
+    `slow` there)."""
+    from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
+    from tests.diffusion_rl.test_algorithm_dpo import _dpo_dict
+
     cfg = _cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "dp2", iterations=1, timestep_selection="random",
                timestep_fraction=0.5)
     cfg["sample"]["prompts_per_iteration"] = 4
     cfg["advantage"]["std_scope"] = "global"
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    # `accelerate launch` itself, through its module: the same parser and launch_command, without the accelerate
-    # CLI loading its other subcommands first (estimate-memory, config, ...: ~2x the launcher's start-up)
-    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
-    proc = subprocess.run([*launcher, "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "diffusion_rl", "train",
-                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    dpo = _dpo_dict("sd3", tmp_path / "dpo2", tiny_pipeline_dir)
+    dpo["sample"]["prompts_per_iteration"] = 4
+    dpo["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    dpo_path = tmp_path / "dpo.yaml"
+    dpo_path.write_text(yaml.safe_dump(dpo))
+    launch_two_processes([path, dpo_path])
     cfg["log"]["output_dir"] = str(tmp_path / "dp1")
     one = Trainer(from_dict(cfg))
     one.fit()
@@ -162,11 +164,18 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path):
     assert two["history"][0]["train/grad_norm"] == pytest.approx(one.history[0]["train/grad_norm"], rel=1e-4)
     # ... and the same Adam step, to 1% of the learning rate (Adam amplifies float noise on
     # coordinates whose gradient is near its eps)
-    names = {id(p): n for n, p in one.policy.unwrapped.named_parameters()}
-    lr = cfg["train"]["learning_rate"]
-    for p in one.trainable:
-        other = two["params"][names[id(p)]]
-        torch.testing.assert_close(p.detach().cpu(), other, rtol=0, atol=1e-2 * lr)
+    assert_trained_params_match(one, two["params"], atol=1e-2 * cfg["train"]["learning_rate"])
+
+    # DPO: the same rewards, pairs, gradient norm and weights as one process
+    dpo["log"]["output_dir"] = str(tmp_path / "dpo1")
+    one = Trainer(from_dict(dpo))
+    one.fit()
+    two = read_checkpoint(tmp_path / "dpo2" / "sd3" / "checkpoints" / "iter_000001")
+    h1, h2 = one.history[0], two["history"][0]
+    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
+    assert h2["dpo/pairs"] == h1["dpo/pairs"] == 4.0
+    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
+    assert_trained_params_match(one, two["params"], atol=1e-2 * dpo["train"]["learning_rate"])
 
 
 class _Killed(BaseException):
