@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from mmreward.testing.tiny_models import save_tiny_pipeline
 from tests._helpers.adapter_conformance import AdapterConformance
+from tests._helpers.qwen_edit_area import small_source_areas
 
 
 def _euler_at_flow_shift(pipe: Any) -> Any:
@@ -91,6 +93,15 @@ class TestQwenImageEdit(AdapterConformance):
     max_sequence_length = 256
     guidance_scale = 2.5
 
+    @pytest.fixture(scope="class", autouse=True)
+    def _small_source_areas(self):
+        """The whole class (the GRPO run too) at 1/64 of the released source areas, for the pipeline and the adapter
+        alike (tests/_helpers/qwen_edit_area.py): a 1024x1024 VAE encoding per source and call made these the
+        slowest classes of the suite. The released areas: the slow params of tests/diffusion_rl/test_edit_rollout.py
+        and test_adapter_qwen_image_edit_plus.py."""
+        with small_source_areas():
+            yield
+
     def build(self, folder: Path) -> None:
         from mmreward.testing.tiny_models import build_tiny_edit_pipeline
 
@@ -126,11 +137,6 @@ class TestQwenImageEditPlus(TestQwenImageEdit):
         from mmreward.testing.tiny_qwen_image_edit_plus import save_tiny_qwen_image_edit_plus_pipeline
 
         save_tiny_qwen_image_edit_plus_pipeline(folder, seed=0)
-
-    def output_latents(self, x):
-        # each call VAE-encodes the source at a 1024x1024 area (~6 s here): the decoded images alone (atol 2e-6)
-        # carry the comparison, halving the slowest test of the suite
-        return None
 
     def pipeline_sample(self, pipe, prompts, x0, output_type, guidance_scale):
         from PIL import Image
