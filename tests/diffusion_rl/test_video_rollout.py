@@ -136,9 +136,13 @@ def test_model_num_frames_is_checked_against_the_pipeline(pipe_dirs, tmp_path):
     assert key.default == "None" and "temporal factor" in key.help
 
 
-# one iteration in the default suite (~50 s on 2 busy cores, mostly the two processes' start-up); two iterations,
-# where the second samples from the updated LoRA, in the slow suite
-@pytest.mark.parametrize("iterations", [1, pytest.param(2, marks=pytest.mark.slow)])
+# slow (~50 s on 2 busy cores, mostly the two processes' start-up): the default suite checks 2 processes == 1
+# process on SD3 (tests/diffusion_rl/test_diffusion_rl_train.py::test_two_process_data_parallel_equals_one_process:
+# the same gathered rewards, global advantages, gradient all-reduce and weights), and Wan's rollouts, video
+# rewards and training path in one process (this file, test_adapter_conformance.py::TestWan); what this adds is
+# the video reward on clips gathered across processes. Two iterations sample from the updated LoRA.
+@pytest.mark.slow
+@pytest.mark.parametrize("iterations", [1, 2])
 def test_two_process_wan_run_equals_one_process_run(pipe_dirs, tmp_path, iterations):
     """accelerate on CPU with 2 gloo processes and the same global batch (4 prompts x 2 samples, a video reward
     on the gathered clips) gives the same rewards, gradients and LoRA weights as one process."""
