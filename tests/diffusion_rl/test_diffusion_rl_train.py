@@ -139,8 +139,10 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     """accelerate on CPU with 2 gloo processes and the same global batch gives the same weights: GRPO, and in the
     same launch (one launcher and one torch/diffusers import per process for both) online Diffusion-DPO, whose
     processes each hold whole groups and so pair their own samples (was test_algorithm_dpo's own launch, now
-    `slow` there)."""
+    `slow` there); then the reward-hacking monitor's rollback, on which both processes must agree
+    (test_hacking_guard_distributed.py's runner and checks; its own torchrun launch is `slow` there)."""
     from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
+    from tests.diffusion_rl import test_hacking_guard_distributed as guard
     from tests.diffusion_rl.test_algorithm_dpo import _dpo_dict
 
     cfg = _cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "dp2", iterations=1, timestep_selection="random",
@@ -154,7 +156,13 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     dpo["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
     dpo_path = tmp_path / "dpo.yaml"
     dpo_path.write_text(yaml.safe_dump(dpo))
-    launch_two_processes([path, dpo_path])
+    guard_root = tmp_path / "guard"
+    guard_root.mkdir()
+    guard_cfg = guard.write_guard_config(guard_root, tiny_pipeline_dir("sd3"))
+    launch_two_processes([path, dpo_path], then=("tests._helpers.hacking_guard_dist_run", str(guard_cfg),
+                                                 str(guard_root)))
+    guard.check_stopped_together(guard_root)
+    guard.check_best_gold_weights(guard_root)
     cfg["log"]["output_dir"] = str(tmp_path / "dp1")
     one = Trainer(from_dict(cfg))
     one.fit()

@@ -1,6 +1,12 @@
 """The reward-hacking monitor's rollback under data parallelism: 2 CPU processes (gloo, DDP) launched with
 torchrun run tests/_helpers/hacking_guard_dist_run.py, a tiny DRaFT run whose scripted gold reward falls while the training
-reward rises, and the processes must agree on everything the monitor does."""
+reward rises, and the processes must agree on everything the monitor does.
+
+The default suite runs this check in the 2-process launch of
+test_diffusion_rl_train.py::test_two_process_data_parallel_equals_one_process (`accelerate launch`, which runs the
+same runner after its training configs, then calls check_stopped_together and check_best_gold_weights on its
+output): a launch of its own costs the launcher and each process's torch/diffusers import again. The torchrun
+launch here, with its hang guard, is `slow`."""
 
 from __future__ import annotations
 
@@ -38,11 +44,17 @@ def _cfg(pipe: Path, out: Path) -> dict:
     }
 
 
+def write_guard_config(root: Path, pipe: Path) -> Path:
+    """The runner's config, its run written to root/run (the runner writes its records to root)."""
+    path = root / "run.yaml"
+    path.write_text(yaml.safe_dump(_cfg(pipe, root / "run")))
+    return path
+
+
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory, tiny_pipeline_dir) -> Path:
     root = tmp_path_factory.mktemp("guard_dist")
-    path = root / "run.yaml"
-    path.write_text(yaml.safe_dump(_cfg(tiny_pipeline_dir("sd3"), root / "run")))
+    path = write_guard_config(root, tiny_pipeline_dir("sd3"))
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     # --standalone: a free rendezvous port, so parallel test runs on one machine do not collide; the timeout
@@ -71,7 +83,17 @@ def _records(root: Path) -> list[dict]:
     return [json.loads((root / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 def test_both_processes_stop_at_the_alarm_and_roll_back_together(two_process_run):
+    check_stopped_together(two_process_run)
+
+
+@pytest.mark.slow
+def test_both_processes_end_with_the_best_by_gold_weights_and_export_them(two_process_run):
+    check_best_gold_weights(two_process_run)
+
+
+def check_stopped_together(two_process_run: Path) -> None:
     ranks = _records(two_process_run)
     for rec in ranks:
         assert rec["iteration"] == ALARM and rec["stopped"] is True
@@ -85,8 +107,7 @@ def test_both_processes_stop_at_the_alarm_and_roll_back_together(two_process_run
     assert read_checkpoint(ckpts / "best_gold")["iteration"] == BEST
 
 
-def test_both_processes_end_with_the_best_by_gold_weights_and_export_them(two_process_run):
-    root = two_process_run
+def check_best_gold_weights(root: Path) -> None:
     best = read_checkpoint(root / "run" / "checkpoints" / "best_gold")["params"]
     finals = [load_file(str(root / f"rank{r}_final.safetensors")) for r in range(2)]
     befores = [load_file(str(root / f"rank{r}_before.safetensors")) for r in range(2)]
