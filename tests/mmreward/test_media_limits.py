@@ -167,8 +167,11 @@ def long_clip(tmp_path_factory) -> tuple[Path, np.ndarray]:
 def test_sampling_8_of_1500_frames_decodes_with_bounded_memory(long_clip):
     path, _ = long_clip
     # VmHWM, the peak of this process image: ru_maxrss survives exec on Linux, so a child forked from a large
-    # pytest worker starts at the worker's peak and a full decode below it registers as 0
+    # pytest worker starts at the worker's peak and a full decode below it registers as 0. One child measures
+    # every case (one torch import, not one per case): writing 5 to /proc/self/clear_refs resets the peak to the
+    # current RSS before each; the sampled cases go first, so no freed full decode is there for them to reuse
     probe = """
+        import gc
         import json
         from mmreward import media
 
@@ -176,17 +179,26 @@ def test_sampling_8_of_1500_frames_decodes_with_bounded_memory(long_clip):
             with open("/proc/self/status") as f:
                 return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
 
-        x = media.read_video({short!r}, {args})  # loads the decoders, so that what follows measures frames
-        before = hwm_kb()
-        x = media.read_video({long!r}, {args})
-        print(json.dumps({{"shape": list(x.shape), "rss_kb": hwm_kb() - before}}))
+        runs = {{}}
+        for name, kwargs in {cases!r}:
+            x = media.read_video({short!r}, **kwargs)  # loads the decoders, so that what follows measures frames
+            del x
+            gc.collect()
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            before = hwm_kb()
+            x = media.read_video({long!r}, **kwargs)
+            runs[name] = {{"shape": list(x.shape), "rss_kb": hwm_kb() - before}}
+            del x
+            gc.collect()
+        print(json.dumps(runs))
     """
-    runs = {}
-    cases = [("full", "backend='av'")] + [(b, f"num_frames=8, backend={b!r}") for b in media.available_video_backends()]
-    for name, args in cases:
-        proc = _run_python(probe.format(args=args, short=str(path.with_name("short.mp4")), long=str(path)))
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    cases = [(b, {"num_frames": 8, "backend": b}) for b in media.available_video_backends()]
+    cases.append(("full", {"backend": "av"}))
+    proc = _run_python(probe.format(cases=cases, short=str(path.with_name("short.mp4")), long=str(path)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs.keys() == {name for name, _ in cases}
     full_float_kb = 1500 * 96 * 96 * 3 * 4 / 1024  # 162 MiB as float32
     assert runs["full"]["shape"] == [1500, 3, 96, 96]
     assert runs["full"]["rss_kb"] > full_float_kb, runs  # the yardstick: a full decode registers
