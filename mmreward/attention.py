@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 from contextlib import nullcontext
 from functools import lru_cache
 from typing import Any, Literal
@@ -463,16 +464,22 @@ def attention_backends(model: nn.Module) -> dict[str, str]:
     config's attn_implementation), nn.MultiheadAttention (plain ones run torch's SDPA and ignore any choice:
     'unconfigured'), open_clip's Attention, and modules with an `attn_backend` (ours)."""
     out: dict[str, str] = {}
-    try:
-        from diffusers.models.attention import AttentionModuleMixin
-        from diffusers.models.attention_processor import Attention as DiffusersAttention
-        diffusers_types: tuple[type, ...] = (DiffusersAttention, AttentionModuleMixin)
-    except ImportError:
-        diffusers_types = ()
-    try:
-        from open_clip.transformer import Attention as OpenClipAttention
-    except ImportError:
-        OpenClipAttention = ()  # noqa: N806 - an empty isinstance tuple
+    # a model holding a diffusers or open_clip module has imported that library: only then are its attention
+    # types looked up (importing them for a JPEG-size reward cost ~3 s of diffusers + open_clip start-up)
+    diffusers_types: tuple[type, ...] = ()
+    if "diffusers" in sys.modules:
+        try:
+            from diffusers.models.attention import AttentionModuleMixin
+            from diffusers.models.attention_processor import Attention as DiffusersAttention
+            diffusers_types = (DiffusersAttention, AttentionModuleMixin)
+        except ImportError:
+            pass
+    OpenClipAttention: Any = ()  # noqa: N806 - an empty isinstance tuple unless open_clip is in use
+    if "open_clip" in sys.modules:
+        try:
+            from open_clip.transformer import Attention as OpenClipAttention
+        except ImportError:
+            pass
     for name, module in model.named_modules():
         if diffusers_types and isinstance(module, diffusers_types):
             out[name] = _processor_backend(module.processor)

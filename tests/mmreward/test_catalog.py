@@ -48,6 +48,8 @@ def test_list_imports_no_model_family_and_no_heavy_dependency():
 def test_load_imports_only_the_family_it_names():
     loaded = _modules_after("import mmreward\nmmreward.load('jpeg-compressibility')")
     assert [m for m in loaded if m.startswith("mmreward.models.")] == ["mmreward.models.compressibility"]
+    # nor a heavy library it does not use (the attention wiring imported diffusers and open_clip for every load)
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY]
 
 
 def test_catalog_holds_exactly_the_builtin_rewards():
