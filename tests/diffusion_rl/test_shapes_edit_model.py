@@ -153,8 +153,10 @@ def test_shapes_edit_nft_config_smoke(tmp_path):
     from diffusion_rl.cli import main
 
     out = tmp_path / "run"
+    # the model's 8 steps (fewer ones make no correct edits, so no reward spread); 2 of them trained (the config
+    # trains 7: each costs a policy and a reference pass over the 8 samples, the bulk of this test's time)
     small = [*_smoke_overrides(EDIT_MODEL, tmp_path), "sample.num_steps=8", "sample.group_size=4", "sample.batch_size=8",
-             "train.micro_batch_size=8"]
+             "train.micro_batch_size=8", "train.timestep_fraction=0.25"]
     assert main(["train", "--config", str(NFT_CONFIG), *small, f"log.output_dir={out}", "log.progress=false"]) == 0
     train = [r for r in _rows(out) if "train/loss" in r]
     assert len(train) == 1 and torch.isfinite(torch.tensor(train[0]["train/loss"]))
