@@ -22,7 +22,8 @@ The test questions are fresh training-distribution scenes (seed 1; SFT used seed
 compositional held-out split (every question involves a colour-shape pair no training question does) is tracked
 beside them (`heldout_split_questions`). Accuracy is greedy decoding scored by `shapes-vqa`; its standard error is
 the binomial one, and the before/after difference also gets the paired standard error (same questions).
-Measured results (+0.13 on colour and shape questions; not met on all five kinds): docs/results/trl_shapes_vqa.md.
+Measured results (+0.13 on colour and shape questions; not met on all five kinds, three seeds, with the per-kind
+diagnosis of `benchmarks/vqa_policy_diagnosis.py`): docs/results/trl_shapes_vqa.md.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class RecipeConfig:
     train_questions: int = 1600
     eval_questions: int = 300
     heldout_split_questions: int = 300
-    # question kinds trained on and evaluated: the attribute questions, where GRPO measurably learns (the other
-    # kinds did not move in 100 steps; docs/results/trl_shapes_vqa.md)
+    # question kinds trained on and evaluated: the attribute questions, where GRPO measurably learns; the shipped
+    # policy answers count, position and which-image questions without looking at the image, and all-kinds runs
+    # did not move (three seeds; docs/results/trl_shapes_vqa.md)
     kinds: str = "shape,color"
     eval_every: int = 10
     seed: int = 0
