@@ -340,8 +340,8 @@ class AdapterConformance:
         assert final.is_dir(), "fit() wrote no final/ LoRA export"
         kernel = self.ode_kernel(trainer.adapter)
 
-        # the text encoders are frozen and every copy loads the same folder: encode once (Qwen-Image-Edit's VLM
-        # encoding of 1024 px sources is the slowest step of the suite)
+        # the text encoders are frozen and every copy loads the same folder: encode once (Qwen-Image-Edit's source
+        # encodings are the slowest step of that family's class)
         emb = trainer.adapter.encode(prompts)
 
         def sample(adapter: Any, model: Any = None) -> torch.Tensor:
@@ -386,7 +386,8 @@ class AdapterConformance:
     # -- 6. resume is bit-exact ----------------------------------------------------------------------------------
     def test_resume_is_bit_exact(self, folder, prompts, tmp_path):
         if not self.resume:
-            pytest.skip("resume runs for a representative subset (sd, sd3, flux_kontext, wan, wan 2.2 two experts) to keep the suite fast")
+            pytest.skip("resume runs for a representative subset (sd, flux_kontext, wan, wan 2.2 two experts; sd3 in the "
+                        "algorithm tests) to keep the suite fast")
         from diffusion_rl.trainer import Trainer
 
         straight = Trainer(self.run_config(folder, tmp_path / "a", prompts, iterations=2))
