@@ -63,12 +63,16 @@ class RecipeConfig:
     # policy answers count, position and which-image questions without looking at the image, and all-kinds runs
     # did not move (three seeds; docs/results/trl_shapes_vqa.md)
     kinds: str = "shape,color"
+    train_kinds: str = ""  # kinds of the training questions when they differ from the evaluated `kinds`
     eval_every: int = 10
     seed: int = 0
     threads: int = 1
 
     def kind_list(self) -> tuple[str, ...]:
         return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
+
+    def train_kind_list(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.train_kinds.split(",") if k.strip()) or self.kind_list()
 
     def check(self) -> None:
         for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "train_questions",
@@ -83,9 +87,10 @@ class RecipeConfig:
             raise ConfigError(f"trl_shapes_vqa: reward weights must be finite, >= 0 and not both 0, got {weights}")
         from mmreward.synthetic.vqa_policy import POLICY_KINDS
 
-        if not self.kind_list() or any(k not in POLICY_KINDS for k in self.kind_list()):
-            raise ConfigError(f"trl_shapes_vqa: kinds must be a comma-separated subset of {POLICY_KINDS}, "
-                              f"got {self.kinds!r}")
+        for key, kinds in (("kinds", self.kind_list()), ("train_kinds", self.train_kind_list())):
+            if not kinds or any(k not in POLICY_KINDS for k in kinds):
+                raise ConfigError(f"trl_shapes_vqa: {key} must be a comma-separated subset of {POLICY_KINDS}, "
+                                  f"got {getattr(self, key)!r}")
         if not (self.learning_rate > 0 and self.temperature > 0):
             raise ConfigError("trl_shapes_vqa: learning_rate and temperature must be > 0")
 
@@ -198,7 +203,7 @@ def training_rows(cfg: RecipeConfig, image_size: int | None = None):
     from mmreward.synthetic.vqa_policy import IMAGE_SIZE, render_items
 
     size = image_size or IMAGE_SIZE
-    items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=cfg.kind_list())
+    items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=cfg.train_kind_list())
     return to_trl_rows(items, size=size, answer_format=False, images=render_items(items, size)[0])
 
 
@@ -256,6 +261,7 @@ def run(cfg: RecipeConfig) -> dict[str, Any]:
     """Train, monitor, and write metrics.json (+ curve.png) to cfg.out; returns the metrics."""
     from mmreward.synthetic.vqa_policy import accuracy
 
+    cfg.check()  # before the heavy imports and the output folder: a config error costs nothing
     t0, cpu0 = time.time(), _cpu_seconds()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,20 @@ def test_recipe_config_errors():
         RecipeConfig(verifiable_weight=0, learned_weight=0).check()
     with pytest.raises(ConfigError, match="max_steps"):
         RecipeConfig(max_steps=0).check()
+    with pytest.raises(ConfigError, match="train_kinds"):
+        RecipeConfig(train_kinds="color,size").check()
     assert main(["--max-steps", "0"]) == 2
+
+
+def test_training_questions_follow_train_kinds_and_the_given_image_size():
+    from vlm_rm.trl_shapes_vqa import RecipeConfig, training_rows
+
+    cfg = RecipeConfig(train_questions=6, kinds="count,color,shape,position,which", train_kinds="color,shape")
+    rows = training_rows(cfg, 56)
+    assert [r["kind"] for r in rows] == ["color", "shape"] * 3  # make_questions takes the kinds in turn
+    assert all(im.size == (56, 56) for r in rows for im in r["images"])
+    assert [r["kind"] for r in training_rows(RecipeConfig(train_questions=5, kinds="count,which"), 56)] == [
+        "count", "which", "count", "which", "count"]  # no train_kinds: the evaluated kinds
 
 
 def test_two_grpo_steps_reach_trl_change_the_policy_and_gold_matches(tmp_path):
