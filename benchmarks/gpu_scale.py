@@ -299,8 +299,9 @@ def bench_pipeline(family: str, pipe, args: argparse.Namespace, tmp: Path,
         "log": {"output_dir": str(tmp / f"run_{family}"), "progress": False},
     })
     trainer = Trainer(cfg, pipeline=pipe)
-    batch, order = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
+    samples = trainer.sde_rollout(trainer.inputs(0))  # rollout and rewards
+    samples.advantages, _ = trainer.algorithm.advantages(samples)
+    batch = samples.batch
     idx = torch.arange(len(batch.slots))
     k = batch.train_steps.shape[1]
     traj, sel = batch.traj, torch.arange(len(idx))

@@ -61,8 +61,9 @@ def batch_gradients(config: str, overrides: Sequence[str], batches: int, same_no
     fixed = trainer.local_prompts(0)
     trainer.local_prompts = lambda it: fixed
     for b in range(batches):
-        batch, order = trainer.collect(1 if same_noise else b + 1)
-        batch.advantages, _ = trainer.algorithm.advantages(batch, order)
+        samples = trainer.sde_rollout(trainer.inputs(1 if same_noise else b + 1))  # rollout and rewards
+        samples.advantages, _ = trainer.algorithm.advantages(samples)
+        batch = samples.batch
         trainer.update(batch)
     return torch.stack(grads)
 

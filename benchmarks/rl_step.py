@@ -111,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log": {"output_dir": f"{tmp.name}/run", "progress": False},
     })
     trainer = Trainer(cfg, pipeline=load_pipeline(pretrained))
-    batch, order = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
+    samples = trainer.sde_rollout(trainer.inputs(0))  # rollout and rewards
+    samples.advantages, _ = trainer.algorithm.advantages(samples)
+    batch = samples.batch
     idx = torch.arange(len(batch.slots))
     k = batch.train_steps.shape[1]
     traj = batch.traj

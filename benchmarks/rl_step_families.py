@@ -212,8 +212,9 @@ def bench_family(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, An
         "log": {"output_dir": str(tmp / f"{name}_run"), "progress": False},
     })
     trainer = Trainer(cfg, pipeline=_pipeline(folder, fam))
-    batch, order = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
+    samples = trainer.sde_rollout(trainer.inputs(0))  # rollout and rewards
+    samples.advantages, _ = trainer.algorithm.advantages(samples)
+    batch = samples.batch
     idx = torch.arange(len(batch.slots))
     k = batch.train_steps.shape[1]
     traj, sel = batch.traj, torch.arange(len(idx))

@@ -139,8 +139,9 @@ def _trainer(pretrained: str, frames: int, height: int, width: int, args: argpar
     from diffusion_rl.trainer import Trainer
 
     trainer = Trainer(cfg, pipeline=pipe)
-    batch, order = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
+    samples = trainer.sde_rollout(trainer.inputs(0))  # rollout and rewards
+    samples.advantages, _ = trainer.algorithm.advantages(samples)
+    batch = samples.batch
     return trainer, batch
 
 

@@ -845,7 +845,7 @@ class RunConfig:
                 if k not in METHOD_SECTIONS or algo in METHOD_SECTIONS[k].READERS}
 
 
-# methods that sample without SDE likelihoods (any ODE solver) and bring their own iteration
+# methods that sample without SDE likelihoods (any ODE solver) in their own rollout stage
 _FORWARD_PROCESS = ("draft", "nft", "dpo", "raft", "refl", "awm", "dgpo", "crd")
 
 _SECTION_CLASSES: dict[str, type] = {

@@ -1,12 +1,15 @@
-"""The training loop, top to bottom: prompts -> rollout -> rewards -> advantages -> PPO loss -> optimizer step.
+"""The training loop, top to bottom: prompts -> rollout -> rewards -> advantages -> loss -> optimizer step.
 
-`Trainer.train_iteration` is one iteration; `Trainer.fit` runs them with evaluation, logging and checkpoints:
+`Trainer.train_iteration` is one iteration, the same stages by name for every algorithm (each method's stages:
+`algorithms/base.py`); `Trainer.fit` runs them with evaluation, logging and checkpoints:
 
-    prompts     sample_assignment.py  which prompt slots an iteration draws, which process owns them
-    rollout     rollout.py        trajectories with log-probs (pipelines.py: adapters; seeding.py: noise)
-    rewards     rewards.py        the run's rewards, loaded once
-    advantages  algorithms/       GRPO, Pref-GRPO, DDPO: tensors in, advantages out (DRaFT: its own iteration)
-    loss        losses.py         PPO-clip, KL to the reference (GRPO-Guard's ratio: algorithms/grpo_guard.py)
+    prompts     sample_assignment.py  which prompt slots an iteration draws, which process owns them (`inputs`)
+    rollout     rollout.py        trajectories with log-probs (pipelines.py: adapters; seeding.py: noise): the
+                                  default rollout stage (`sde_rollout`); ODE samples, pairs of a dataset: algorithms/
+    rewards     rewards.py        the run's rewards, loaded once, scored chunk by chunk as the rollout runs
+    advantages  algorithms/       GRPO, Pref-GRPO, DDPO: rewards in, advantages out; NFT, ranked methods: theirs
+    loss        losses.py         PPO-clip, KL to the reference (GRPO-Guard's ratio: algorithms/grpo_guard.py): the
+                                  default update stage (`ppo_update`); the other methods' losses: algorithms/
     step        policy.py         LoRA/full weights, optimizer, EMA, gradient clipping
     around it   evaluation.py, reporting.py, checkpointing.py, export.py, accelerator.py, hacking_guard.py
 
@@ -38,6 +41,7 @@ from diffusion_rl import (
 )
 from diffusion_rl.accelerator import make_accelerator
 from diffusion_rl.algorithms import make_algorithm
+from diffusion_rl.algorithms.base import Inputs, Rollouts, Run, Timings
 from diffusion_rl.algorithms.grpo_guard import guard_policy_loss, uses_ratio_norm
 from diffusion_rl.config import RunConfig, save_config
 from diffusion_rl.evaluation import check_sharded_evaluation, evaluate
@@ -128,12 +132,22 @@ class Trainer:
                                                             self.data_rank.world)
         return slot_prompts, [slot_prompts[s] for s in slots.tolist()], slots, sample_ids
 
-    @torch.no_grad()
-    def collect(self, it: int) -> tuple[RolloutBatch, sample_assignment.CanonicalOrder]:
-        """Sample this process's trajectories with the current policy and score them."""
-        cfg, acc = self.cfg, self.accelerator
+    def inputs(self, it: int) -> Inputs:
+        """The prompt stage: this process's prompts, slots, sample ids and prompt embeddings of iteration `it`."""
         slot_prompts, prompts, slots, sample_ids = self.local_prompts(it)
-        embeds, sde = self.embeds_for(prompts), sample_assignment.sde_steps(cfg.sample, cfg.train.seed, it)
+        return Inputs(it, prompts, self.embeds_for(prompts), slots, sample_ids, slot_prompts)
+
+    def collect(self, it: int) -> tuple[RolloutBatch, sample_assignment.CanonicalOrder]:
+        """Sample this process's trajectories of iteration `it` with the current policy and score them."""
+        samples = self.sde_rollout(self.inputs(it))
+        return samples.batch, samples.order
+
+    @torch.no_grad()
+    def sde_rollout(self, inputs: Inputs) -> Rollouts:
+        """The default rollout stage (`Run.collect`): trajectories with log-probs, scored chunk by chunk."""
+        cfg, acc, it = self.cfg, self.accelerator, inputs.it
+        prompts, slots, sample_ids, embeds = inputs.prompts, inputs.slots, inputs.sample_ids, inputs.embeds
+        sde = sample_assignment.sde_steps(cfg.sample, cfg.train.seed, it)
         model = self.policy.model.eval()  # the prepared model: under FSDP only it can gather the sharded weights
         options = SamplingOptions.for_run(cfg.sample, self.adapter, self.kernel, seed=cfg.train.seed, epoch=it,
                                           sde_steps=sde, store_means=uses_ratio_norm(cfg))
@@ -149,7 +163,14 @@ class Trainer:
         order = sample_assignment.CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size, self.cp_degree)
         train_steps = sample_assignment.select_train_steps(cfg.train, it, traj.sde_mask, slots, sample_ids)
         w = branching.step_weights(cfg.sample, cfg.ppo.noise_aware_weight, self.adapter, self.kernel, traj.schedule)
-        return RolloutBatch(traj, prompts, slots.to(acc.device), rewards, train_steps, slot_prompts, step_weights=w), order
+        batch = RolloutBatch(traj, prompts, slots.to(acc.device), rewards, train_steps, inputs.slot_prompts,
+                             step_weights=w)
+        return Rollouts(batch=batch, order=order, reward_blocking_s=self.scorer.last_blocking_s)
+
+    def ppo_update(self, samples: Rollouts) -> dict[str, float]:
+        """The default update stage (`Run.ppo_update`): DanceGRPO's best/worst-k selection, then `update`."""
+        trained = selection.select_best_worst(samples.batch, samples.order, self.cfg.ppo.best_worst_k)
+        return self.update(trained)  # loss -> optimizer step, per minibatch
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """The PPO update: `num_inner_epochs` passes over `num_minibatches` minibatches of whole groups."""
@@ -215,32 +236,25 @@ class Trainer:
             out["train/grad_norm"] = grad_norm
         return out
 
+    @property
+    def run(self) -> Run:
+        """What an algorithm's stages may use of this run (never the trainer itself)."""
+        return Run(policy=self.policy, adapter=self.adapter, kernel=self.kernel, accelerator=self.accelerator,
+                   scorer=self.scorer, collect=self.sde_rollout, ppo_update=self.ppo_update)
+
     def train_iteration(self, it: int) -> dict[str, float]:
-        """Prompts, rollout, rewards, advantages, loss and optimizer step of iteration `it`; returns its metrics."""
-        if getattr(self.algorithm, "owns_iteration", False):  # DRaFT, ReFL, NFT, DPO, RAFT, AWM, DGPO, CRD
-            _, prompts, slots, sample_ids = self.local_prompts(it)
-            metrics, self.last_images = self.algorithm.iteration(
-                it, self.policy, self.adapter, self.kernel, prompts, self.embeds_for(prompts), slots, sample_ids)
-            return metrics
+        """Prompts, rollout and rewards, advantages, loss and optimizer step of iteration `it`; returns its
+        metrics. Every algorithm has these stages (`diffusion_rl.algorithms.base`)."""
+        algorithm, run = self.algorithm, self.run
+        inputs = self.inputs(it)  # prompts
         t0 = time.perf_counter()
-        batch, order = self.collect(it)  # prompts -> rollout -> rewards (scored chunk by chunk)
+        samples = algorithm.rollout(run, inputs)  # rollout -> rewards (scored chunk by chunk)
         t1 = time.perf_counter()
-        if getattr(self.algorithm, "owns_update", False):  # PRDP: reward differences of pairs, no advantages
-            metrics = self.algorithm.update(batch, order, self.policy, self.adapter, self.kernel)
-        else:
-            batch.advantages, metrics = self.algorithm.advantages(batch, order)  # advantages
-            trained = selection.select_best_worst(batch, order, self.cfg.ppo.best_worst_k)  # DanceGRPO's k
-            metrics.update(self.update(trained))  # loss -> optimizer step, per minibatch
+        samples.advantages, metrics = algorithm.advantages(samples)  # advantages
+        metrics.update(algorithm.update(samples, run))  # loss -> optimizer step
         t2 = time.perf_counter()
-        for name, r in batch.rewards.items():
-            all_r = order.gather(r)
-            metrics[f"reward/{name}"] = float(all_r.mean())
-            metrics[f"reward/{name}_std"] = float(all_r.std()) if len(all_r) > 1 else 0.0
-        if batch.advantages is not None:
-            metrics["adv/abs_mean"] = float(batch.advantages.abs().mean())
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                        "time/reward_blocking_s": self.scorer.last_blocking_s})  # of rollout_s
-        self.last_images = batch.images
+        metrics.update(algorithm.report(samples, Timings(rollout_s=t1 - t0, update_s=t2 - t1)))  # rewards, timings
+        self.last_images = samples.images
         return metrics
 
     # ------------------------------------------------------------------------------------------

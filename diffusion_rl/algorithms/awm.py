@@ -52,7 +52,7 @@ def awm_loss(v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor, advantages: t
 
 
 class AWM(RankedSamplesMethod):
-    """Advantage Weighted Matching (see the module docstring): `iteration` runs one whole iteration."""
+    """Advantage Weighted Matching (see the module docstring): ranked samples, then `train_on_samples`."""
 
     name = "awm"
 

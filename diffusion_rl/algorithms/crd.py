@@ -143,7 +143,7 @@ def crd_kl(v: torch.Tensor, v_ref: torch.Tensor, u: torch.Tensor, kl_beta: float
 # the method
 # ----------------------------------------------------------------------------------------------
 class CRD(RankedSamplesMethod):
-    """Centered Reward Distillation (see the module docstring): `iteration` runs one whole iteration."""
+    """Centered Reward Distillation (see the module docstring): ranked samples, then `train_on_samples`."""
 
     name = "crd"
 

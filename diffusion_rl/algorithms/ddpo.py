@@ -13,12 +13,11 @@ from typing import Any
 import torch
 
 from diffusion_rl.advantages import PerPromptStatTracker, aggregate, clip_advantages, global_advantages
+from diffusion_rl.algorithms.base import PolicyGradient, Rollouts
 from diffusion_rl.config import RunConfig
-from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sample_assignment import CanonicalOrder
 
 
-class DDPO:
+class DDPO(PolicyGradient):
     """Per-prompt running normalisation; the tracker is the algorithm's state, saved in checkpoints."""
 
     name = "ddpo"
@@ -27,9 +26,9 @@ class DDPO:
         self.cfg = cfg
         self.tracker: PerPromptStatTracker | None = None
 
-    def advantages(self, batch: RolloutBatch, order: CanonicalOrder) -> tuple[torch.Tensor, dict[str, float]]:
+    def advantages(self, samples: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
         """This process's advantages; every process updates its tracker with all processes' rewards."""
-        cfg = self.cfg
+        cfg, batch, order = self.cfg, samples.batch, samples.order
         gathered = {k: order.gather(v) for k, v in batch.rewards.items()}
         slots = order.gather(batch.slots)
         prompts = [batch.slot_prompts[int(s)] for s in slots.tolist()]

@@ -107,7 +107,7 @@ def group_minibatches(slots: torch.Tensor, num_minibatches: int) -> list[torch.T
 
 
 class DGPO(RankedSamplesMethod):
-    """Direct Group Preference Optimization (see the module docstring): `iteration` runs one whole iteration."""
+    """Direct Group Preference Optimization (see the module docstring): ranked samples, then `train_on_samples`."""
 
     name = "dgpo"
 

@@ -42,18 +42,18 @@ are not inverted here), images not cached between iterations.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from diffusion_rl.algorithms.base import Algorithm, Inputs, Run, Samples, Timings, gathered_reward_metrics
 from diffusion_rl.algorithms.grpo import grpo_advantages
 from diffusion_rl.algorithms.nft import FORWARD_NOISE_STEP, sample_ode
 from diffusion_rl.config import RunConfig
-from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.sample_assignment import CanonicalOrder
@@ -107,11 +107,24 @@ def check_flow_lora(name: str, adapter: PipelineAdapter, policy: Policy, *, need
                           "the model with its adapters disabled) or train.kl_reference=copy with train.kl_beta > 0")
 
 
-def sample_and_rank(cfg: RunConfig, rewards: dict[str, Any], metadata: Any, it: int, policy: Policy,
-                    adapter: PipelineAdapter, prompts: list[str], embeds: PromptEmbeds, slots: torch.Tensor,
-                    sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-    """(x_0 latents, decoded images, this process's advantages, reward metrics): ODE samples of the current
-    policy, scored and group-normalised over all processes (each process holds whole groups)."""
+@dataclass(eq=False)
+class RankedSamples(Samples):
+    """The current policy's clean ODE samples of every group, their images and rewards, and the order that gathers
+    them from every process; `advantages` holds the ranking (group-normalised advantages, on the CPU)."""
+
+    inputs: Inputs
+    x0: torch.Tensor  # (N, ...) clean latents
+    scores: dict[str, torch.Tensor]  # name -> (N,) this process's rewards
+    order: CanonicalOrder
+    images: torch.Tensor | None = None  # decoded, on the CPU
+
+
+def sample_and_score(cfg: RunConfig, rewards: dict[str, Any], metadata: Any, it: int, policy: Policy,
+                     adapter: PipelineAdapter, prompts: list[str], embeds: PromptEmbeds, slots: torch.Tensor,
+                     sample_ids: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], CanonicalOrder]:
+    """(x_0 latents, decoded images, this process's rewards, the canonical order): ODE samples of the current
+    policy, scored (each process holds whole groups)."""
     acc = policy.accelerator
     model, n = policy.unwrapped, len(prompts)
     x0_parts = []
@@ -127,14 +140,17 @@ def sample_and_rank(cfg: RunConfig, rewards: dict[str, Any], metadata: Any, it: 
     images = torch.cat([adapter.decode(x0_all[i]) for i in torch.split(torch.arange(n), cfg.sample.batch_size)])
     scores = {name: score_with_metadata(r, prompts, images, metadata).scores.float().to(acc.device)
               for name, r in rewards.items()}
-    order = CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
+    return x0_all, images, scores, CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size)
+
+
+def rank(cfg: RunConfig, scores: dict[str, torch.Tensor], slots: torch.Tensor, order: CanonicalOrder
+         ) -> tuple[torch.Tensor, dict[str, float]]:
+    """(this process's advantages on the CPU, reward metrics): the rewards group-normalised over all processes
+    (as GRPO combines several rewards), and each reward's mean and std over all processes."""
     adv_all, metrics = grpo_advantages({k: order.gather(v) for k, v in scores.items()}, order.gather(slots),
                                        cfg.reward.rewards, cfg.advantage, cfg.reward.aggregation)
-    for name, r in scores.items():
-        all_r = order.gather(r)
-        metrics[f"reward/{name}"] = float(all_r.mean())
-        metrics[f"reward/{name}_std"] = float(all_r.std()) if len(all_r) > 1 else 0.0
-    return x0_all, images, order.local(adv_all).cpu(), metrics
+    metrics.update(gathered_reward_metrics(scores, order))
+    return order.local(adv_all).cpu(), metrics
 
 
 def forward_draw(adapter: PipelineAdapter, num_steps: int, seed: int, it: int, slot: int, sample_id: int,
@@ -168,32 +184,38 @@ def reference_velocity(policy: Policy, adapter: PipelineAdapter, x_t: torch.Tens
 # ----------------------------------------------------------------------------------------------
 # the method
 # ----------------------------------------------------------------------------------------------
-class RankedSamplesMethod:
-    """What DPO, RAFT, AWM, DGPO and CRD share: the run's rewards and prompt metadata, and one iteration that checks
-    the model, samples every group with the current policy (ODE), ranks it (`sample_and_rank`) and hands the
-    clean latents and advantages to the method's `train_on_samples`."""
-    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
-
-    name = ""
+class RankedSamplesMethod(Algorithm[RankedSamples]):
+    """What DPO, RAFT, AWM, DGPO and CRD share: the run's rewards and prompt metadata, and the stages: the rollout
+    checks the model, samples every group with the current policy (ODE) and scores it (`sample_and_score`), the
+    advantage stage ranks it (`rank`), and the update hands the clean latents and advantages to the method's
+    `train_on_samples`."""
 
     def __init__(self, cfg: RunConfig, rewards: dict[str, Any]) -> None:
         self.cfg, self.rewards = cfg, rewards
         self.metadata = cfg.prompts.load("train")  # metadata-aware rewards look prompts up here
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample and score every group with the current policy, then the method's steps (`train_on_samples`)."""
-        del kernel  # sampled by an ODE solver; the loss is on the forward process
+    def rollout(self, run: Run, inputs: Inputs) -> RankedSamples:
+        """Sample and score every group with the sampling weights (ODE: the run's kernel is not used; the loss is
+        on the forward process)."""
+        policy, adapter = run.policy, run.adapter
         self.prepare(policy)
-        t0 = time.perf_counter()
         with self.sampling_weights(policy):
-            x0_all, images, adv, metrics = self.sample(it, policy, adapter, prompts, embeds, slots, sample_ids,
-                                                       needs_reference=self.needs_reference)
-        t1 = time.perf_counter()
-        metrics.update(self.train_on_samples(it, policy, adapter, embeds, slots, sample_ids, x0_all, adv))
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
+            check_flow_lora(self.name, adapter, policy, needs_reference=self.needs_reference)
+            x0_all, images, scores, order = sample_and_score(
+                self.cfg, self.rewards, self.metadata, inputs.it, policy, adapter, inputs.prompts, inputs.embeds,
+                inputs.slots, inputs.sample_ids)
+        return RankedSamples(inputs=inputs, x0=x0_all, scores=scores, order=order, images=images.detach().cpu())
+
+    def advantages(self, samples: RankedSamples) -> tuple[torch.Tensor, dict[str, float]]:
+        """The group-normalised advantages the method ranks by, and the reward metrics over all processes."""
+        return rank(self.cfg, samples.scores, samples.inputs.slots, samples.order)
+
+    def update(self, samples: RankedSamples, run: Run) -> dict[str, float]:
+        """The method's optimizer steps (`train_on_samples`)."""
+        assert samples.advantages is not None
+        i = samples.inputs
+        return self.train_on_samples(i.it, run.policy, run.adapter, i.embeds, i.slots, i.sample_ids, samples.x0,
+                                     samples.advantages)
 
     @property
     def needs_reference(self) -> bool:
@@ -212,14 +234,6 @@ class RankedSamplesMethod:
                          ) -> dict[str, float]:
         """The method's optimizer steps on this iteration's samples and their group-normalised advantages."""
         raise NotImplementedError
-
-    def sample(self, it: int, policy: Policy, adapter: PipelineAdapter, prompts: list[str], embeds: PromptEmbeds,
-               slots: torch.Tensor, sample_ids: torch.Tensor, *, needs_reference: bool
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(clean latents, images, advantages, metrics) of this iteration's groups."""
-        check_flow_lora(self.name, adapter, policy, needs_reference=needs_reference)
-        return sample_and_rank(self.cfg, self.rewards, self.metadata, it, policy, adapter, prompts, embeds, slots,
-                               sample_ids)
 
 
 PairLoader = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, PromptEmbeds]]
@@ -274,7 +288,7 @@ def train_dpo_pairs(cfg: RunConfig, it: int, policy: Policy, adapter: PipelineAd
 
 
 class DiffusionDPO(RankedSamplesMethod):
-    """Online Diffusion-DPO (see the module docstring): `iteration` runs one whole iteration."""
+    """Online Diffusion-DPO (see the module docstring): ranked samples, best-worst pairs, the DPO loss."""
 
     name = "dpo"
 
@@ -364,9 +378,19 @@ def encode_images(adapter: PipelineAdapter, images: torch.Tensor) -> torch.Tenso
     return z
 
 
-class OfflineDiffusionDPO:
-    """Offline Diffusion-DPO on a preference-pair dataset (`dpo.pairs`; see the module docstring)."""
-    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
+@dataclass(eq=False)
+class DatasetPairs(Samples):
+    """This process's share of an iteration's pairs of the dataset, not yet read: `update` reads and encodes them
+    one micro-batch at a time; `images` then holds the first micro-batch's chosen images."""
+
+    it: int
+    slots: torch.Tensor  # (P,) this process's pair slots of the iteration
+    rows: torch.Tensor  # (P,) their dataset rows
+
+
+class OfflineDiffusionDPO(Algorithm[DatasetPairs]):
+    """Offline Diffusion-DPO on a preference-pair dataset (`dpo.pairs`; see the module docstring): the rollout stage
+    picks the iteration's pairs, the update reads them and runs the DPO loss steps."""
 
     name = "dpo"
 
@@ -381,18 +405,19 @@ class OfflineDiffusionDPO:
         return torch.stack([fit_image(load_image(decode_image(r, None, "dpo.pairs")), height, width)
                             for r in refs])
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """This process's share of the iteration's pairs, read and encoded one micro-batch at a time as the DPO
-        steps reach them. The trainer's prompts are not used: the dataset brings its own."""
-        del kernel, prompts, embeds, slots, sample_ids
-        check_flow_lora(self.name, adapter, policy, needs_reference=True)
-        t0 = time.perf_counter()
-        acc, n = policy.accelerator, self.cfg.sample.prompts_per_iteration
-        rows = pair_indices(len(self.prompts), n, self.cfg.train.seed, it)
+    def rollout(self, run: Run, inputs: Inputs) -> DatasetPairs:
+        """This process's share of the iteration's pairs (not read yet). The trainer's prompts are not used: the
+        dataset brings its own."""
+        check_flow_lora(self.name, run.adapter, run.policy, needs_reference=True)
+        acc, n = run.accelerator, self.cfg.sample.prompts_per_iteration
+        rows = pair_indices(len(self.prompts), n, self.cfg.train.seed, inputs.it)
         local = torch.arange(acc.process_index, n, acc.num_processes)  # this process's pair slots
-        mine = rows[local]
+        return DatasetPairs(it=inputs.it, slots=local, rows=rows[local])
+
+    def update(self, samples: DatasetPairs, run: Run) -> dict[str, float]:
+        """The DPO steps on the pairs, each read and encoded one micro-batch at a time as the steps reach it."""
+        policy, adapter, acc, n = run.policy, run.adapter, run.accelerator, self.cfg.sample.prompts_per_iteration
+        it, local, mine = samples.it, samples.slots, samples.rows
         shown: list[torch.Tensor] = []  # the first micro-batch's chosen images, for the run's grids
 
         def load(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, PromptEmbeds]:
@@ -408,6 +433,10 @@ class OfflineDiffusionDPO:
 
         metrics = train_dpo_pairs(self.cfg, it, policy, adapter, len(mine), load, local, torch.ones(len(mine)))
         metrics.update({"dpo/pairs": float(n), "dpo/dataset_pairs": float(len(self.prompts)),
-                        "dpo/epoch": float((it + 1) * n / len(self.prompts)),
-                        "time/update_s": time.perf_counter() - t0})  # reading and encoding included
-        return metrics, torch.cat(shown)
+                        "dpo/epoch": float((it + 1) * n / len(self.prompts))})
+        samples.images = torch.cat(shown)
+        return metrics
+
+    def report(self, samples: DatasetPairs, timings: Timings) -> dict[str, float]:
+        """One timing: picking, reading, encoding and training on the pairs."""
+        return {"time/update_s": timings.rollout_s + timings.update_s}

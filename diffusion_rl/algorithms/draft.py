@@ -12,9 +12,11 @@ DRaFT-K uses a fixed K (K = 1 works best in the paper); AlignProp draws K at ran
 ("randomised truncated backpropagation") so every step's weights receive gradient over training.
 Gradient checkpointing of the denoiser (`model.gradient_checkpointing`) keeps the K steps affordable.
 
-`DRaFT.iteration` is the whole iteration (sample with truncated backprop -> score -> backward -> step); the
-trainer calls it in place of its rollout/PPO iteration and keeps the shared setup (configs, LoRA/EMA/accelerate,
-evaluation, logging and checkpoints). Simplifications: DRaFT-LV's extra noised copies
+Sampling, reward and loss are one graph per micro-batch (the loss IS the reward of a differentiable rollout), so
+they cannot be separate stages of the iteration (`diffusion_rl.algorithms.base`): the rollout stage only hands
+the inputs on, and `DRaFT.update` does the fused work (sample with truncated backprop -> score -> backward, per
+micro-batch, then the step); the trainer keeps the shared setup (configs, LoRA/EMA/accelerate, evaluation,
+logging and checkpoints). Simplifications: DRaFT-LV's extra noised copies
 are not implemented; the sampler is the configured kernel (ODE / DDIM eta=0 for DRaFT; AlignProp's
 code samples DDIM with eta=1, which stays differentiable because the step noise is fixed). The presets'
 (`diffusion_rl.presets`) lr and LoRA rank for DRaFT are ours (the paper's code is not public); AlignProp's follow its config
@@ -24,16 +26,16 @@ code samples DDIM with eta=1, which stays differentiable because the step noise 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from diffusion_rl.algorithms.base import Algorithm, Inputs, Run, Samples, Timings
 from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds, decode_chunked
-from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import kernel_for
 from diffusion_rl.seeding import counter_noise, noise_key
 from mmreward.errors import ConfigError
@@ -94,9 +96,19 @@ def sample_with_truncated_backprop(
     return decode_chunked(adapter, x, decode_chunk_size, keep_graph=True)
 
 
-class DRaFT:
-    """Reward backpropagation (see the module docstring): `iteration` runs one whole iteration."""
-    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
+@dataclass(eq=False)
+class RewardBackpropSamples(Samples):
+    """Reward backpropagation's samples: the inputs when the rollout stage hands them on; the fused update adds
+    each micro-batch's (detached) rewards and images."""
+
+    inputs: Inputs
+    accelerator: Any  # gathers the rewards of every process for the report
+    rewards: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # name -> one tensor per micro-batch
+
+
+class DRaFT(Algorithm[RewardBackpropSamples]):
+    """Reward backpropagation (see the module docstring): the rollout stage hands the inputs on, `update` samples,
+    scores and backpropagates per micro-batch, then steps."""
 
     name = "draft"
 
@@ -116,6 +128,7 @@ class DRaFT:
             combined += weights[name] * sign * float(allr.mean())
         metrics["reward/combined"] = combined
         return metrics
+
     def _check_rewards(self) -> None:
         bad = [n for n, r in self.rewards.items() if not r.differentiable]
         if bad:
@@ -125,13 +138,23 @@ class DRaFT:
                 "algorithm (grpo, ddpo) that takes any reward"
             )
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step on this process's samples; returns the metrics and the (detached) images."""
+    def rollout(self, run: Run, inputs: Inputs) -> RewardBackpropSamples:
+        """Nothing is sampled yet: sampling, reward and loss are one graph, built in `update`."""
         self._check_rewards()
+        return RewardBackpropSamples(inputs=inputs, accelerator=run.accelerator)
+
+    def report(self, samples: RewardBackpropSamples, timings: Timings) -> dict[str, float]:
+        """The rewards over all processes and their weighted sum; one timing, the whole fused iteration."""
+        metrics = self.reward_metrics(samples.accelerator, samples.rewards, self.cfg.reward.rewards)
+        metrics["time/iteration_s"] = timings.rollout_s + timings.update_s
+        return metrics
+
+    def update(self, samples: RewardBackpropSamples, run: Run) -> dict[str, float]:
+        """Per micro-batch: sample with truncated backprop, score, backward; then one optimizer step."""
+        it, prompts, embeds, slots, sample_ids = (samples.inputs.it, samples.inputs.prompts, samples.inputs.embeds,
+                                                  samples.inputs.slots, samples.inputs.sample_ids)
+        policy, adapter, kernel = run.policy, run.adapter, run.kernel
         cfg, acc, model = self.cfg, policy.accelerator, policy.model
-        t0 = time.perf_counter()
         k = truncation_steps(cfg.draft.backprop_strategy, cfg.draft.backprop_steps, cfg.sample.num_steps,
                              cfg.train.seed, it)
         weights = cfg.reward.rewards
@@ -139,6 +162,7 @@ class DRaFT:
         n = len(prompts)
         chunks = list(torch.split(torch.arange(n), cfg.train.micro_batch_size))
         rewards: dict[str, list[torch.Tensor]] = {name: [] for name in self.rewards}
+        samples.rewards = rewards
         losses, images_all = [], []
         for c, idx in enumerate(chunks):
             # gradients are averaged over processes once, on the last micro-batch
@@ -165,6 +189,5 @@ class DRaFT:
         metrics: dict[str, float] = {"train/loss": sum(losses), "train/backprop_steps": float(k)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = grad_norm
-        metrics.update(self.reward_metrics(acc, rewards, weights))
-        metrics["time/iteration_s"] = time.perf_counter() - t0
-        return metrics, torch.cat(images_all)
+        samples.images = torch.cat(images_all)
+        return metrics

@@ -2,8 +2,8 @@
 
 Per iteration: sample G images per prompt with an SDE kernel, score them, turn rewards into advantages
 by normalising within each prompt's group, then maximise the PPO-clipped, per-step likelihood ratio
-objective (optionally with a KL to the reference policy). The update itself lives in the trainer;
-what is GRPO-specific is the advantage below (presets: `diffusion_rl.presets`).
+objective (optionally with a KL to the reference policy). The rollout and the PPO update are the
+trainer's (the `PolicyGradient` defaults); what is GRPO-specific is the advantage stage below (presets: `diffusion_rl.presets`).
 
 Simplifications relative to the papers: prompts are drawn from a fixed list (no dataloader sharding by
 node), the per-iteration sample count is prompts_per_iteration * group_size over all processes.
@@ -23,9 +23,8 @@ from diffusion_rl.advantages import (
     within_group_fraction,
     zero_variance_fraction,
 )
+from diffusion_rl.algorithms.base import PolicyGradient, Rollouts
 from diffusion_rl.config import AdvantageConfig, RunConfig
-from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sample_assignment import CanonicalOrder
 
 
 def grpo_advantages(rewards: dict[str, torch.Tensor], group_ids: torch.Tensor, weights: dict[str, float],
@@ -40,7 +39,7 @@ def grpo_advantages(rewards: dict[str, torch.Tensor], group_ids: torch.Tensor, w
     return clip_advantages(advantages, adv.clip_max), metrics
 
 
-class GRPO:
+class GRPO(PolicyGradient):
     """Group-relative advantages: (r - mean_group) / (std + eps), std of the group or of the whole batch."""
 
     name = "grpo"
@@ -49,8 +48,9 @@ class GRPO:
         self.cfg = cfg
         self.watch = ExplorationWatch()
 
-    def advantages(self, batch: RolloutBatch, order: CanonicalOrder) -> tuple[torch.Tensor, dict[str, float]]:
+    def advantages(self, samples: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
         """This process's advantages; the normalisation sees every process's rewards."""
+        batch, order = samples.batch, samples.order
         rewards = {k: order.gather(v) for k, v in batch.rewards.items()}
         group_ids = order.gather(batch.slots)
         adv, metrics = grpo_advantages(rewards, group_ids, self.cfg.reward.rewards, self.cfg.advantage,

@@ -29,16 +29,16 @@ runs are refused. The old policy is checkpointed (`tensor_state`, safetensors), 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from diffusion_rl.algorithms.base import Algorithm, Inputs, Run, Samples, Timings, gathered_reward_metrics
 from diffusion_rl.algorithms.grpo import grpo_advantages
 from diffusion_rl.config import RunConfig
 from diffusion_rl.context_parallel import degree
-from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds
 from diffusion_rl.policy import Policy
 from diffusion_rl.sample_assignment import CanonicalOrder
@@ -123,9 +123,21 @@ def sample_ode(adapter: PipelineAdapter, model: torch.nn.Module, embeds: PromptE
 # ----------------------------------------------------------------------------------------------
 # the method
 # ----------------------------------------------------------------------------------------------
-class DiffusionNFT:
-    """Forward-process RL (see the module docstring): `iteration` runs one whole iteration."""
-    owns_iteration: ClassVar[bool] = True  # rollout to optimizer step in its own iteration()
+@dataclass(eq=False)
+class NFTSamples(Samples):
+    """The old policy's clean ODE samples, their images and rewards; `advantages` holds the optimality
+    probabilities r the loss weighs them by."""
+
+    inputs: Inputs
+    x0: torch.Tensor  # (N, ...) clean latents
+    rewards: dict[str, torch.Tensor]  # name -> (N,) this process's scores
+    order: CanonicalOrder
+    images: torch.Tensor | None = None  # decoded, on the CPU
+
+
+class DiffusionNFT(Algorithm[NFTSamples]):
+    """Forward-process RL (see the module docstring): rollout = the old policy's ODE samples and their rewards,
+    advantages = the optimality probabilities r, update = the NFT loss steps and the old policy's move."""
 
     name = "nft"
 
@@ -176,16 +188,14 @@ class DiffusionNFT:
             raise ConfigError("train.algorithm 'nft' swaps in the old policy's weights, which FSDP-sharded parameters "
                               "do not allow: run it with DDP (or one process)")
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """Sample with the old policy, score, then `num_minibatches` optimizer steps of the NFT loss."""
-        del kernel  # NFT needs no transition kernel: any ODE solver samples, the loss is on the forward process
+    def rollout(self, run: Run, inputs: Inputs) -> NFTSamples:
+        """ODE samples of the old policy, decoded and scored."""
+        policy, adapter, acc = run.policy, run.adapter, run.accelerator
         self._check(adapter, policy)
-        cfg, acc, tc = self.cfg, policy.accelerator, self.cfg.train
+        cfg, tc = self.cfg, self.cfg.train
         if self.old is None:
             self.old = [p.detach().clone() for p in policy.trainable]
-        t0 = time.perf_counter()
+        prompts, embeds, slots, sample_ids = inputs.prompts, inputs.embeds, inputs.slots, inputs.sample_ids
         model = policy.unwrapped
         n = len(prompts)
         x0_parts = []
@@ -195,7 +205,7 @@ class DiffusionNFT:
                 x0_parts.append(sample_ode(
                     adapter, model, embeds.index(idx), slots[idx].tolist(), sample_ids[idx].tolist(),
                     num_steps=cfg.sample.num_steps, guidance_scale=cfg.sample.guidance_scale,
-                    solver=cfg.sample.ode_solver, seed=tc.seed, epoch=it,
+                    solver=cfg.sample.ode_solver, seed=tc.seed, epoch=inputs.it,
                     share_initial_noise=cfg.sample.share_initial_noise))
         x0_all = torch.cat(x0_parts).float()
         images = torch.cat([adapter.decode(x0_all[i]) for i in torch.split(torch.arange(n), cfg.sample.batch_size)])
@@ -203,20 +213,35 @@ class DiffusionNFT:
                    for name, r in self.rewards.items()}
         # under context parallelism the group's processes hold the same samples: the gather keeps one copy
         order = CanonicalOrder(acc, slots, sample_ids, cfg.sample.group_size, degree(cfg.model.context_parallel))
-        adv_all, metrics = grpo_advantages({k: order.gather(v) for k, v in rewards.items()}, order.gather(slots),
-                                           cfg.reward.rewards, cfg.advantage, cfg.reward.aggregation)
-        clip_max = cfg.advantage.clip_max if cfg.advantage.clip_max is not None else 1.0
-        r_all = optimality_probability(order.local(adv_all), clip_max)
-        t1 = time.perf_counter()
-        metrics.update(self._train(it, policy, adapter, embeds, slots, sample_ids, x0_all, r_all, clip_max))
-        metrics["nft/old_decay"] = self.update_old(policy)
-        for name, r in rewards.items():
-            all_r = order.gather(r)
-            metrics[f"reward/{name}"] = float(all_r.mean())
-            metrics[f"reward/{name}_std"] = float(all_r.std()) if len(all_r) > 1 else 0.0
-        metrics["nft/r_mean"] = float(r_all.mean())
-        metrics.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
-        return metrics, images.detach().cpu()
+        return NFTSamples(inputs=inputs, x0=x0_all, rewards=rewards, order=order, images=images.detach().cpu())
+
+    def advantages(self, samples: NFTSamples) -> tuple[torch.Tensor, dict[str, float]]:
+        """The optimality probabilities r of this process's samples, from GRPO's advantages over all processes."""
+        cfg, order = self.cfg, samples.order
+        adv_all, metrics = grpo_advantages({k: order.gather(v) for k, v in samples.rewards.items()},
+                                           order.gather(samples.inputs.slots), cfg.reward.rewards, cfg.advantage,
+                                           cfg.reward.aggregation)
+        return optimality_probability(order.local(adv_all), self.clip_max), metrics
+
+    @property
+    def clip_max(self) -> float:
+        """A_max: advantage.clip_max, 1 when unset."""
+        return self.cfg.advantage.clip_max if self.cfg.advantage.clip_max is not None else 1.0
+
+    def update(self, samples: NFTSamples, run: Run) -> dict[str, float]:
+        """`num_minibatches` optimizer steps of the NFT loss, then the old policy moves towards the trained one."""
+        assert samples.advantages is not None
+        i = samples.inputs
+        metrics = self._train(i.it, run.policy, run.adapter, i.embeds, i.slots, i.sample_ids, samples.x0,
+                              samples.advantages, self.clip_max)
+        metrics["nft/old_decay"] = self.update_old(run.policy)
+        return metrics
+
+    def report(self, samples: NFTSamples, timings: Timings) -> dict[str, float]:
+        assert samples.advantages is not None
+        metrics = gathered_reward_metrics(samples.rewards, samples.order)
+        metrics["nft/r_mean"] = float(samples.advantages.mean())
+        return {**metrics, **super().report(samples, timings)}
 
     def train_steps(self, it: int, slots: torch.Tensor, sample_ids: torch.Tensor, num_steps: int) -> torch.Tensor:
         """(N, k): the schedule steps trained for each sample, a counter-based random subset of the

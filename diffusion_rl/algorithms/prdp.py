@@ -39,17 +39,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import ClassVar
 
 import torch
 
 from diffusion_rl import memory_settings
+from diffusion_rl.algorithms.base import PolicyGradient, Rollouts, Run
 from diffusion_rl.config import RunConfig
 from diffusion_rl.kernels import Kernel
 from diffusion_rl.pipelines import PipelineAdapter
 from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import RolloutBatch, step_log_prob
-from diffusion_rl.sample_assignment import CanonicalOrder
 from mmreward.errors import ConfigError
 
 
@@ -106,10 +105,9 @@ def reference_model(policy: Policy) -> Iterator[torch.nn.Module]:
         model.enable_adapters()
 
 
-class PRDP:
-    """Proximal Reward Difference Prediction (see the module docstring). The trainer collects the rollouts;
-    `update` replaces the PPO update."""
-    owns_update: ClassVar[bool] = True  # the trainer collects and scores; PRDP regresses pairs itself
+class PRDP(PolicyGradient):
+    """Proximal Reward Difference Prediction (see the module docstring): the trainer's rollouts (the default
+    rollout stage), no advantages, and `update` in place of the PPO update."""
 
     name = "prdp"
 
@@ -137,9 +135,9 @@ class PRDP:
             out.append(torch.stack(cols, dim=1))
         return torch.cat(out)
 
-    def update(self, batch: RolloutBatch, order: CanonicalOrder, policy: Policy, adapter: PipelineAdapter,
-               kernel: Kernel) -> dict[str, float]:
+    def update(self, samples: Rollouts, run: Run) -> dict[str, float]:
         """`num_inner_epochs` passes of `num_minibatches` optimizer steps (whole groups each) on the RDP loss."""
+        batch, order, policy, adapter, kernel = samples.batch, samples.order, run.policy, run.adapter, run.kernel
         cfg, tc, acc = self.cfg, self.cfg.train, policy.accelerator
         traj, n, k = batch.traj, len(batch.slots), batch.train_steps.shape[1]
         reward = self.combined_reward(batch).to(acc.device)

@@ -15,12 +15,11 @@ from typing import Any
 import torch
 
 from diffusion_rl.advantages import clip_advantages, group_advantages, pref_grpo_rewards
+from diffusion_rl.algorithms.base import PolicyGradient, Rollouts
 from diffusion_rl.config import RunConfig
-from diffusion_rl.rollout import RolloutBatch
-from diffusion_rl.sample_assignment import CanonicalOrder
 
 
-class PrefGRPO:
+class PrefGRPO(PolicyGradient):
     """Group-normalised win rates under the pairwise reward `judge` (a `Reward` with `compare`)."""
 
     name = "pref_grpo"
@@ -28,9 +27,9 @@ class PrefGRPO:
     def __init__(self, cfg: RunConfig, judge: Any) -> None:
         self.cfg, self.judge = cfg, judge
 
-    def advantages(self, batch: RolloutBatch, order: CanonicalOrder | None) -> tuple[torch.Tensor, dict[str, float]]:
-        """This process's advantages; `order` is needed only for advantage.std_scope = 'global'."""
-        cfg = self.cfg
+    def advantages(self, samples: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
+        """This process's advantages; `samples.order` is needed only for advantage.std_scope = 'global'."""
+        cfg, batch, order = self.cfg, samples.batch, samples.order
         out = pref_grpo_rewards(self.judge, batch.prompts, batch.images, cfg.sample.group_size,
                                 both_orders=cfg.reward.both_orders, mode=cfg.reward.win_mode)
         win = out.win_rates.to(batch.slots.device)

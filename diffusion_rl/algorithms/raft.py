@@ -50,7 +50,7 @@ def raft_loss(v: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor) -> torch.Ten
 
 
 class RAFT(RankedSamplesMethod):
-    """Reward-ranked fine-tuning (see the module docstring): `iteration` runs one whole iteration."""
+    """Reward-ranked fine-tuning (see the module docstring): ranked samples, then `train_on_samples`."""
 
     name = "raft"
 

@@ -34,22 +34,23 @@ its offline branch (re-noising dataset images), the semantic-relative-preference
 differentiable reward of the run is used), the reward discount by a time-shifted linspace, the k-step gap between
 the noised and the base sigma (one schedule step here) and its norm-rescaled CFG.
 
-`ReFL` subclasses `DRaFT` for its reward checks and its place in the trainer (a method with its own iteration).
+`ReFL` subclasses `DRaFT` for its reward checks and its stages: as in DRaFT, sampling, reward and loss are one graph
+per micro-batch, so the rollout stage hands the inputs on and `update` does the fused work
+(`diffusion_rl.algorithms.base`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Sequence
 
 import torch
 
-from diffusion_rl.algorithms.draft import DRaFT
+from diffusion_rl.algorithms.base import Run
+from diffusion_rl.algorithms.draft import DRaFT, RewardBackpropSamples
 from diffusion_rl.kernels import Kernel, PredictionType
 from diffusion_rl.pipelines import PipelineAdapter, PromptEmbeds, Schedule, decode_chunked
-from diffusion_rl.policy import Policy
 from diffusion_rl.rollout import kernel_for
 from diffusion_rl.seeding import counter_noise, noise_key
 from mmreward.errors import ConfigError
@@ -213,24 +214,26 @@ def sample_direct_align(
 
 
 class ReFL(DRaFT):
-    """Reward feedback learning (see the module docstring): `iteration` runs one whole iteration."""
+    """Reward feedback learning (see the module docstring): DRaFT's stages (the rollout hands the inputs on,
+    the report gathers the rewards), with `update` sampling one-step predictions x0_hat per micro-batch."""
 
     name = "refl"
 
-    def iteration(self, it: int, policy: Policy, adapter: PipelineAdapter, kernel: Kernel, prompts: list[str],
-                  embeds: PromptEmbeds, slots: torch.Tensor, sample_ids: torch.Tensor
-                  ) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step on this process's samples; returns the metrics and the (detached) x0_hat images."""
-        self._check_rewards()
+    def update(self, samples: RewardBackpropSamples, run: Run) -> dict[str, float]:
+        """Per micro-batch: x0_hat with grad through step j, score, backward; then one optimizer step. The
+        (detached) x0_hat images go on `samples.images`."""
+        it, prompts, embeds, slots, sample_ids = (samples.inputs.it, samples.inputs.prompts, samples.inputs.embeds,
+                                                  samples.inputs.slots, samples.inputs.sample_ids)
+        policy, adapter, kernel = run.policy, run.adapter, run.kernel
         cfg, acc, model = self.cfg, policy.accelerator, policy.model
         tc = cfg.train
-        t0 = time.perf_counter()
         j = draw_grad_step(cfg.refl.step_range, cfg.sample.num_steps, tc.seed, it)
         weights = cfg.reward.rewards
         model.train()
         n = len(prompts)
         chunks = list(torch.split(torch.arange(n), tc.micro_batch_size))
         rewards: dict[str, list[torch.Tensor]] = {name: [] for name in self.rewards}
+        samples.rewards = rewards
         losses, images_all = [], []
         for c, idx in enumerate(chunks):
             # gradients are averaged over processes once, on the last micro-batch
@@ -256,6 +259,5 @@ class ReFL(DRaFT):
         metrics: dict[str, float] = {"train/loss": sum(losses), "train/grad_step": float(j)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = grad_norm
-        metrics.update(self.reward_metrics(acc, rewards, weights))
-        metrics["time/iteration_s"] = time.perf_counter() - t0
-        return metrics, torch.cat(images_all)
+        samples.images = torch.cat(images_all)
+        return metrics

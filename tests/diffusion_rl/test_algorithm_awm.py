@@ -87,17 +87,17 @@ def _awm_config(kind, tmp_path, tiny_pipeline_dir, **train):
 
 
 def _spy_advantages(monkeypatch):
-    """The advantages AWM samples with (RankedSamplesMethod.sample goes through dpo.sample_and_rank)."""
+    """The advantages AWM's samples are given (RankedSamplesMethod's advantage stage is dpo.rank)."""
     from diffusion_rl.algorithms import dpo as ranked
 
-    seen, real_rank = [], ranked.sample_and_rank
+    seen, real_rank = [], ranked.rank
 
     def rank_spy(*args, **kwargs):
         out = real_rank(*args, **kwargs)
-        seen.append(out[2].clone())
+        seen.append(out[0].clone())
         return out
 
-    monkeypatch.setattr(ranked, "sample_and_rank", rank_spy)
+    monkeypatch.setattr(ranked, "rank", rank_spy)
     return seen
 
 

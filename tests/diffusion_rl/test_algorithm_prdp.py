@@ -96,6 +96,7 @@ def _prdp_dict(kind, tiny_pipeline_dir, out, **train):
 def test_two_pass_gradient_equals_autograd_of_the_whole_loss(tmp_path, tiny_pipeline_dir):
     """Tiny SD3: the update's gradient (dl/dr_hat_t from a no-grad pass, then log pi_theta,t backpropagated one
     step at a time) equals the gradient of `rdp_loss` on log-probs computed with grad for every step in one graph."""
+    from diffusion_rl.algorithms.base import Rollouts
     from diffusion_rl.algorithms.prdp import reference_model
     from diffusion_rl.rollout import step_log_prob
     from diffusion_rl.trainer import Trainer
@@ -131,7 +132,7 @@ def test_two_pass_gradient_equals_autograd_of_the_whole_loss(tmp_path, tiny_pipe
         policy.optimizer.zero_grad(set_to_none=True)
 
     policy.step = capture
-    metrics = algo.update(batch, order, policy, adapter, kernel)
+    metrics = algo.update(Rollouts(batch=batch, order=order), trainer.run)
     assert metrics["train/loss"] == pytest.approx(float(loss), rel=1e-5)
     for got, want in zip(captured, expected, strict=True):
         assert_close_scaled(got, want, rel=1e-4)

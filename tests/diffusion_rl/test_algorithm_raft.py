@@ -69,16 +69,16 @@ def test_one_raft_iteration_trains_tiny_pipelines_on_the_winners(kind, tmp_path,
 
     monkeypatch.setattr(raft_mod.RAFT, "_train", spy)
     scores = []
-    from diffusion_rl.algorithms import dpo as ranked  # RAFT samples through RankedSamplesMethod.sample
+    from diffusion_rl.algorithms import dpo as ranked  # RAFT's advantage stage is dpo.rank
 
-    real_rank = ranked.sample_and_rank
+    real_rank = ranked.rank
 
     def rank_spy(*args, **kwargs):
         out = real_rank(*args, **kwargs)
-        scores.append(out[2].clone())
+        scores.append(out[0].clone())
         return out
 
-    monkeypatch.setattr(ranked, "sample_and_rank", rank_spy)
+    monkeypatch.setattr(ranked, "rank", rank_spy)
     before = [p.detach().clone() for p in trainer.trainable]
     metrics = trainer.train_iteration(0)
     assert math.isfinite(metrics["train/loss"]) and metrics["train/loss"] > 0 and metrics["train/grad_norm"] > 0

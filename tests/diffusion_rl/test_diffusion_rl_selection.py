@@ -132,9 +132,9 @@ def test_one_dance_grpo_video_iteration_trains_only_the_best_and_worst(wan_dir, 
     seen: dict = {}
     real_update, real_adv = trainer.update, trainer.algorithm.advantages
 
-    def advantages(batch, order):
-        adv, metrics = real_adv(batch, order)
-        seen["all"] = (adv.clone(), batch.slots.clone())
+    def advantages(samples):
+        adv, metrics = real_adv(samples)
+        seen["all"] = (adv.clone(), samples.batch.slots.clone())
         return adv, metrics
 
     def update(batch):

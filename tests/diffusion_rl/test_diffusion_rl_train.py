@@ -90,8 +90,9 @@ def test_exact_resume_and_outputs(pipes, tmp_path, kind, algo):
 
 def test_probe_stops_when_training_path_disagrees(pipes, tmp_path):
     trainer = Trainer(from_dict(_cfg(pipes["sd3"], "sd3", "grpo", tmp_path)))
-    batch, order = trainer.collect(0)
-    batch.advantages, _ = trainer.algorithm.advantages(batch, order)
+    samples = trainer.sde_rollout(trainer.inputs(0))
+    samples.advantages, _ = trainer.algorithm.advantages(samples)
+    batch = samples.batch
     batch.traj.log_probs += 1e-2  # as if the rollout had used another guidance scale or dtype
     with pytest.raises(ProbeError, match="first PPO ratio is not 1"):
         trainer.update(batch)

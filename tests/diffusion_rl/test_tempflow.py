@@ -182,7 +182,8 @@ def test_one_tempflow_iteration_trains_tiny_pipelines(kind, tmp_path, tiny_pipel
 
     monkeypatch.setattr(trainer_mod, "ppo_clip_loss", spy)
     it = 1  # cycling: iteration 1 branches at step 1
-    batch, order = trainer.collect(it)
+    samples = trainer.sde_rollout(trainer.inputs(it))
+    batch = samples.batch
     assert batch.traj.sde_mask.tolist() == [False, True, False]
     assert batch.train_steps.flatten().tolist() == [1] * 6
     lat = batch.traj.latents
@@ -193,7 +194,7 @@ def test_one_tempflow_iteration_trains_tiny_pipelines(kind, tmp_path, tiny_pipel
     w1 = std[1] / ((std[0] + std[1]) / 2)
     assert float(batch.step_weights[1]) == pytest.approx(w1, rel=1e-5)
 
-    adv, _ = trainer.algorithm.advantages(batch, order)  # what train_iteration will compute from the same draw
+    adv, _ = trainer.algorithm.advantages(samples)  # what train_iteration will compute from the same draw
     before = [p.detach().clone() for p in trainer.trainable]
     metrics = trainer.train_iteration(it)
     assert math.isfinite(metrics["train/loss"]) and metrics["adv/abs_mean"] > 0

@@ -168,8 +168,8 @@ def test_pref_grpo_with_a_video_judge(wan_dir, tmp_path):
     seen = {}
     real = trainer.algorithm.advantages
 
-    def spy(batch, order):
-        adv, metrics = real(batch, order)
+    def spy(samples):
+        adv, metrics = real(samples)
         seen["adv"] = adv.clone()
         return adv, metrics
 

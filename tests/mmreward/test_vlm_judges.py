@@ -270,7 +270,7 @@ def test_pref_grpo_with_a_pairwise_judge_asks_each_ordered_pair_once(group_size,
     with BrightnessJudgeServer() as srv:
         judge = mmreward.load("unifiedreward-think", backend="openai", base_url=srv.url, checkpoint="j",
                               debias=both_orders)
-        adv, metrics = PrefGRPO(cfg, judge).advantages(batch, None)
+        adv, metrics = PrefGRPO(cfg, judge).advantages(SimpleNamespace(batch=batch, order=None))
 
     expected_adv, agree = [], []
     for prompt, lv in zip(prompts, levels):
