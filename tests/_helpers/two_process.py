@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def launch_two_processes(config: Path | Sequence[Path], *, timeout: int = 600, port: int | None = None,
-                         num_processes: int = 2, then: Sequence[str] = ()) -> None:
+                         num_processes: int = 2, then: Sequence[Sequence[str]] = ()) -> None:
     """`diffusion-rl train --config config` on 2 CPU processes (gloo), or `num_processes`; fails the test with the
-    run's stderr. Several configs run one after the other in one launch, then `then` = (module, args...), a runner
-    whose main(*args) is called last (tests/_helpers/train_runs.py).
+    run's stderr. Several configs run one after the other in one launch, then each runner of `then`, (module,
+    args...) whose main(*args) is called (tests/_helpers/train_runs.py).
 
     `accelerate launch` through its module: the same parser and launch_command, without the accelerate CLI
     loading its other subcommands first (about half the launcher's start-up)."""
@@ -28,7 +28,8 @@ def launch_two_processes(config: Path | Sequence[Path], *, timeout: int = 600, p
     else:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
         configs = [config] if isinstance(config, (str, Path)) else config
-        command = ["-m", "tests._helpers.train_runs", *map(str, configs), *(["--then", *then] if then else [])]
+        command = ["-m", "tests._helpers.train_runs", *map(str, configs),
+                   *(arg for runner in then for arg in ("--then", *runner))]
     proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                            "--num_processes", str(num_processes), "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no",

@@ -159,10 +159,8 @@ def test_gpu_only_launch_configs_on_cpu_are_one_line_exit_2(sd3, tmp_path, monke
     assert len(err.splitlines()) == 1 and message in err and "configs/accelerate/ddp.yaml" in err
 
 
-def test_fsdp_two_processes_save_resume_and_equal_ddp(sd3, tmp_path):
-    """A full fine-tune sharded with FSDP2 over 2 CPU processes (gloo): checkpoint at 1, resume to 2, equals the
-    uninterrupted FSDP run bit for bit, and the DDP run (same global batch) to float precision; its final/ is a
-    pipeline folder that reproduces the trained model's samples, as is a LoRA run's adapter."""
+def write_fsdp_config(sd3: str, tmp_path: Path) -> tuple[Path, dict]:
+    """tests/_helpers/fsdp_cpu_run.py's config (its runs go to tmp_path/out): its path and the dict."""
     cfg = _cfg(sd3, tmp_path / "unused", iterations=2, ema=True, ema_update_every=1)
     cfg["model"]["lora"] = False
     cfg["sample"]["prompts_per_iteration"] = 4
@@ -170,12 +168,29 @@ def test_fsdp_two_processes_save_resume_and_equal_ddp(sd3, tmp_path):
     cfg["log"]["save_every"] = 1
     path = tmp_path / "fsdp.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path, cfg
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_save_resume_and_equal_ddp(sd3, tmp_path):
+    """A full fine-tune sharded with FSDP2 over 2 CPU processes (gloo): checkpoint at 1, resume to 2, equals the
+    uninterrupted FSDP run bit for bit, and the DDP run (same global batch) to float precision; its final/ is a
+    pipeline folder that reproduces the trained model's samples, as is a LoRA run's adapter.
+
+    Slow as its own torchrun launch: the default suite runs the same runner and check_fsdp_run in the 2-process
+    launch of test_diffusion_rl_train.py::test_two_process_data_parallel_equals_one_process."""
+    path, cfg = write_fsdp_config(sd3, tmp_path)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     torchrun = Path(sys.executable).parent / "torchrun"
     proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(REPO / "tests" / "_helpers" / "fsdp_cpu_run.py"), str(path),
                            str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    check_fsdp_run(sd3, tmp_path, cfg)
+
+
+def check_fsdp_run(sd3: str, tmp_path: Path, cfg: dict) -> None:
+    """What tests/_helpers/fsdp_cpu_run.py wrote to tmp_path/out (see the test above)."""
     # FSDP2 shards each of SD3's transformer blocks on its own, then the root: the adapter's block_classes reach the
     # TRANSFORMER_BASED_WRAP policy (diffusion_rl.accelerator.name_fsdp_blocks), as a GPU launch config does
     import json

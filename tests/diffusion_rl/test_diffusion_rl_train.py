@@ -141,10 +141,13 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     same launch (one launcher and one torch/diffusers import per process for both) online Diffusion-DPO, whose
     processes each hold whole groups and so pair their own samples (was test_algorithm_dpo's own launch, now
     `slow` there); then the reward-hacking monitor's rollback, on which both processes must agree
-    (test_hacking_guard_distributed.py's runner and checks; its own torchrun launch is `slow` there)."""
+    (test_hacking_guard_distributed.py's runner and checks; its own torchrun launch is `slow` there); then the FSDP2
+    full fine-tune's save/resume == uninterrupted == DDP and its exported final/ (tests/_helpers/fsdp_cpu_run.py,
+    test_diffusion_rl_accelerate.py's check_fsdp_run; its own torchrun launch is `slow` there)."""
     from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
     from tests.diffusion_rl import test_hacking_guard_distributed as guard
     from tests.diffusion_rl.test_algorithm_dpo import _dpo_dict
+    from tests.diffusion_rl.test_diffusion_rl_accelerate import check_fsdp_run, write_fsdp_config
 
     cfg = _cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "dp2", iterations=1, timestep_selection="random",
                timestep_fraction=0.5)
@@ -160,10 +163,15 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     guard_root = tmp_path / "guard"
     guard_root.mkdir()
     guard_cfg = guard.write_guard_config(guard_root, tiny_pipeline_dir("sd3"))
-    launch_two_processes([path, dpo_path], then=("tests._helpers.hacking_guard_dist_run", str(guard_cfg),
-                                                 str(guard_root)))
+    fsdp_root = tmp_path / "fsdp"
+    fsdp_root.mkdir()
+    fsdp_path, fsdp_cfg = write_fsdp_config(pipes["sd3"], fsdp_root)
+    launch_two_processes([path, dpo_path], then=[
+        ("tests._helpers.hacking_guard_dist_run", str(guard_cfg), str(guard_root)),
+        ("tests._helpers.fsdp_cpu_run", str(fsdp_path), str(fsdp_root / "out"))])
     guard.check_stopped_together(guard_root)
     guard.check_best_gold_weights(guard_root)
+    check_fsdp_run(pipes["sd3"], fsdp_root, fsdp_cfg)
     cfg["log"]["output_dir"] = str(tmp_path / "dp1")
     one = Trainer(from_dict(cfg))
     one.fit()
