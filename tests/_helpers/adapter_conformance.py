@@ -113,6 +113,9 @@ class AdapterConformance:
     latents_rel: ClassVar[float] = 1e-5
     images_atol: ClassVar[float] = 2e-6  # decoded pixels in [0, 1]
     resume: ClassVar[bool] = False  # behaviour 6 is costly: a representative subset runs it
+    # a kind of tests/conftest.py's session `tiny_pipeline_dir` ("sd", "sdxl", "sd3", "flux"): the class reads that
+    # folder (read-only) instead of building and saving the same tiny pipeline again with `build`
+    session_pipeline: ClassVar[str | None] = None
     # default LoRA targets the tiny transformer cannot have (its shape, not the adapter's): asserted missing exactly
     tiny_absent_lora_targets: ClassVar[tuple[str, ...]] = ()
 
@@ -171,7 +174,9 @@ class AdapterConformance:
         return bool(ADAPTERS[self.family].is_edit)
 
     @pytest.fixture(scope="class")
-    def folder(self, tmp_path_factory) -> Path:
+    def folder(self, tmp_path_factory, request) -> Path:
+        if self.session_pipeline is not None:  # the session's copy (tests/conftest.py), which other files use too
+            return Path(request.getfixturevalue("tiny_pipeline_dir")(self.session_pipeline))
         key = type(self).__name__
         if key not in _FOLDERS:
             path = tmp_path_factory.mktemp(f"conformance_{self.family}") / "pipe"

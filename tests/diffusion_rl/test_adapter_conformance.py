@@ -31,6 +31,7 @@ class TestSD(AdapterConformance):
     family = "sd"
     max_sequence_length = None
     resume = True
+    session_pipeline = "sd"  # the same save_tiny_pipeline("sd") folder, built once per session
 
     def build(self, folder: Path) -> None:
         save_tiny_pipeline("sd", folder)
@@ -39,6 +40,7 @@ class TestSD(AdapterConformance):
 class TestSDXL(AdapterConformance):
     family = "sdxl"
     max_sequence_length = None
+    session_pipeline = "sdxl"  # the same save_tiny_pipeline("sdxl") folder, built once per session
 
     def build(self, folder: Path) -> None:
         save_tiny_pipeline("sdxl", folder)
@@ -51,6 +53,7 @@ class TestSD3(AdapterConformance):
     # test_algorithm_crd.py, ... on the same tiny SD3), so the conformance subset skips it (suite time)
     # the tiny SD3 has one block, the last, whose context_pre_only attention has no to_add_out (SD3's other blocks do)
     tiny_absent_lora_targets = ("to_add_out",)
+    session_pipeline = "sd3"  # the same save_tiny_pipeline("sd3") folder, built once per session
 
     def build(self, folder: Path) -> None:
         save_tiny_pipeline("sd3", folder)
@@ -59,6 +62,7 @@ class TestSD3(AdapterConformance):
 class TestFlux(AdapterConformance):
     family = "flux"
     guidance_scale = 1.0  # the tiny FLUX has no guidance embedding: 1.0 is the pipeline's un-guided sampling
+    session_pipeline = "flux"  # the same save_tiny_pipeline("flux") folder, built once per session
 
     def build(self, folder: Path) -> None:
         save_tiny_pipeline("flux", folder)
