@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     common = ["--hard-negatives", "0.5", "--degrade", "0.3", "--warmup", "2" if q else "20",
               "--eval-images", str(eval_images)]
     if q:
-        common += ["--batch-size", "8"]
+        common += ["--batch-size", "8", "--threads", "1"]  # tiny batches gain nothing from a second thread
     steps = [2, 2] if q else list(args.steps)
     summary["clip_steps"] = steps
     round1 = work / "clip-round1"

@@ -85,9 +85,16 @@ def test_hard_negative_loss_reduces_to_symmetric_infonce_without_negatives():
 def test_clip_trainer_smoke_with_pool_and_negatives(tmp_path):
     path, _ = _pool(tmp_path)
     out = tmp_path / "clip"
-    metrics = train_clip.main(["--out", str(out), "--steps", "2", "--batch-size", "8", "--eval-images", "4",
-                               "--hard-negatives", "0.5", "--degrade", "0.3", "--generated", str(path),
-                               "--generated-groups", "2"])
+    before = torch.get_num_threads()
+    # the caller runs 2 threads, the trainer 1 (tiny batches): it must resize the pool and then restore it
+    torch.set_num_threads(2)
+    try:
+        metrics = train_clip.main(["--out", str(out), "--steps", "2", "--batch-size", "8", "--eval-images", "4",
+                                   "--hard-negatives", "0.5", "--degrade", "0.3", "--generated", str(path),
+                                   "--generated-groups", "2", "--threads", "1"])
+        assert torch.get_num_threads() == 2  # the caller's thread pool is left as it was
+    finally:
+        torch.set_num_threads(before)
     assert all(0 <= m["top1"] <= 1 for m in metrics.values())
     assert (out / "model.safetensors").is_file()
 

@@ -228,11 +228,22 @@ def region_accuracy(model, tokenizer, n: int = 400, seed: int = 1) -> dict[str, 
 
 
 def train(cfg: ClipTrainConfig) -> dict:
+    """Train (or fine-tune) the CLIP on cfg.threads threads, restoring the caller's thread count afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg)
+    finally:
+        # a caller in the same process (another build step, a test session) must not inherit our pool size:
+        # oversubscribed threads made later small-op work several times slower on a busy 2-core machine
+        torch.set_num_threads(previous)
+
+
+def _train(cfg: ClipTrainConfig) -> dict:
     from tqdm import tqdm
 
     from mmreward.synthetic.tokenizer import build_shapes_tokenizer
 
-    torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
