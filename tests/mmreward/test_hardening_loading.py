@@ -44,10 +44,19 @@ def _save_sd(sd: dict[str, torch.Tensor], path: Path, container: str | None = No
         torch.save({container: sd} if container else sd, path)
 
 
+_HF_CLIP_FILES: list[Path] = []  # the files of the first tiny CLIP written in this session
+
+
 def _hf_clip(folder: Path) -> Family:
     from mmreward.testing.tiny_models import save_tiny_transformers_clip
 
-    save_tiny_transformers_clip(folder, image_size=32, patch_size=8, seed=1)
+    if _HF_CLIP_FILES:  # same seed, same bytes: five families share it, so copy rather than rebuild it
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in _HF_CLIP_FILES:
+            shutil.copy2(f, folder / f.name)
+    else:
+        save_tiny_transformers_clip(folder, image_size=32, patch_size=8, seed=1)
+        _HF_CLIP_FILES.extend(sorted(f for f in folder.iterdir() if f.is_file()))
     return Family("clipscore", {}, "model.safetensors", "vision_model.")
 
 
