@@ -155,7 +155,16 @@ def export(pipe, ema: dict[str, torch.Tensor], out: Path, meta: dict) -> None:
 
 
 def train(cfg: GeneratorTrainConfig) -> Path:
+    """Train on cfg.threads threads, restoring the caller's torch thread count afterwards."""
+    previous = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg)
+    finally:
+        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
+
+
+def _train(cfg: GeneratorTrainConfig) -> Path:
     work = Path(cfg.work)
     work.mkdir(parents=True, exist_ok=True)
     pipe = build_pipeline(cfg, work / "tokenizer")

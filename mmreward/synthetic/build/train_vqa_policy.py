@@ -170,13 +170,23 @@ def _sft_batch(processor, items, images) -> dict[str, torch.Tensor]:
 
 
 def train(cfg: VQAPolicyTrainConfig) -> dict:
-    """Build, train and save the policy; returns the measured metrics (also in training.json)."""
+    """Build, train and save the policy; returns the measured metrics (also in training.json).
+
+    Runs on cfg.threads threads and restores the caller's torch thread count afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg)
+    finally:
+        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
+
+
+def _train(cfg: VQAPolicyTrainConfig) -> dict:
     from transformers import Qwen2VLForConditionalGeneration
 
     from mmreward.synthetic.vqa import make_questions
 
     t0 = time.time()
-    torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, cfg.vocab_size, cfg.seed)
