@@ -41,3 +41,38 @@ def test_trainer_uses_its_threads_and_restores_the_callers(monkeypatch, name, fa
         assert torch.get_num_threads() == caller
     finally:
         torch.set_num_threads(before)
+
+
+def _caller_and_wanted() -> tuple[int, int, int]:
+    before = torch.get_num_threads()
+    return (before, 2, 1) if before == 1 else (before, 1, 2)
+
+
+def test_build_assets_runs_on_its_threads_and_restores_the_callers(monkeypatch):
+    from mmreward.synthetic.build import build_assets
+
+    seen = []
+    monkeypatch.setattr(build_assets, "_build", lambda args: seen.append(torch.get_num_threads()) or {"x": 1.0})
+    before, caller, wanted = _caller_and_wanted()
+    torch.set_num_threads(caller)
+    try:
+        assert build_assets.main(["--threads", str(wanted), "--quick"]) == {"x": 1.0}
+        assert seen == [wanted] and torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_train_preference_runs_on_its_threads_and_restores_the_callers(monkeypatch, tmp_path):
+    from mmreward.synthetic.build import train_preference
+
+    seen = []
+    monkeypatch.setattr(train_preference, "train_pref", lambda cfg: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr(train_preference, "train_aesthetic", lambda cfg: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr(train_preference, "write_cards", lambda *a: None)
+    before, caller, wanted = _caller_and_wanted()
+    torch.set_num_threads(caller)
+    try:
+        train_preference.main(["--threads", str(wanted), "--pref-out", str(tmp_path)])
+        assert seen == [wanted, wanted] and torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(before)

@@ -75,7 +75,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not quality")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
+    previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _build(args)
+    finally:
+        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
+
+
+def _build(args: argparse.Namespace) -> dict:
     root, steps = Path(args.root), QUICK if args.quick else STEPS
     timings: dict[str, float] = {}
     todo = ["clip", "generator", "pref"] if args.only == "all" else [args.only]
