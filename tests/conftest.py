@@ -20,6 +20,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _threads():
+    # code under test may set torch's thread count (trainers, demos); a leaked count slows every later test of
+    # the worker (2 threads per worker on 2 cores measured 2-3x slower), so each test gets the worker's count back
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def clip_tokenizer_dir(tmp_path_factory):
     """A folder with the real CLIP BPE tokenizer (built from open_clip's shipped vocab) in HF format."""
