@@ -20,8 +20,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from mmreward.synthetic.build import (
     evaluate_edit_model,
     evaluate_generator,
@@ -33,6 +31,7 @@ from mmreward.synthetic.build import (
     train_video_generator,
     train_vqa_policy,
 )
+from mmreward.synthetic.build.threads import torch_threads
 
 STEPS = {"clip": 300, "generator": 4500, "pref": 150, "video-generator": 14350, "edit-model": 2500, "vqa-policy": train_vqa_policy.VQAPolicyTrainConfig.steps}
 QUICK = {"clip": 3, "generator": 3, "pref": 2, "video-generator": 2, "edit-model": 2, "vqa-policy": 2}
@@ -75,12 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not quality")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _build(args)
-    finally:
-        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
 
 
 def _build(args: argparse.Namespace) -> dict:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from mmreward.errors import ConfigError
+from mmreward.synthetic.build.threads import torch_threads
 from mmreward.synthetic.captions import caption, photo_phrasing
 from mmreward.synthetic.checker import check, scene_detections
 from mmreward.synthetic.models import CLIP_MEAN, CLIP_STD, TEXT_LENGTH, build_clip, normalize_images
@@ -229,14 +230,8 @@ def region_accuracy(model, tokenizer, n: int = 400, seed: int = 1) -> dict[str, 
 
 def train(cfg: ClipTrainConfig) -> dict:
     """Train (or fine-tune) the CLIP on cfg.threads threads, restoring the caller's thread count afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train(cfg)
-    finally:
-        # a caller in the same process (another build step, a test session) must not inherit our pool size:
-        # oversubscribed threads made later small-op work several times slower on a busy 2-core machine
-        torch.set_num_threads(previous)
 
 
 def _train(cfg: ClipTrainConfig) -> dict:

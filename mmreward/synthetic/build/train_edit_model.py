@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from mmreward.errors import ConfigError
 from mmreward.synthetic.build.ema_training import export_with_ema, train_with_ema
+from mmreward.synthetic.build.threads import torch_threads
 from mmreward.synthetic.edits import render_edit_targets, sample_edit_tasks
 
 # What the model was trained for: 32x32 pixels, no resizing of the source, 16 text tokens, no guidance.
@@ -148,12 +149,8 @@ def export(pipe, ema: dict[str, torch.Tensor], out: Path, meta: dict) -> None:
 
 def train(cfg: EditTrainConfig) -> Path:
     """Train on cfg.threads threads, restoring the caller's torch thread count afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train(cfg)
-    finally:
-        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
 
 
 def _train(cfg: EditTrainConfig) -> Path:

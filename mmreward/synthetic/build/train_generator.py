@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from mmreward.errors import ConfigError
 from mmreward.synthetic.build.ema_training import export_with_ema, train_with_ema
+from mmreward.synthetic.build.threads import torch_threads
 from mmreward.synthetic.captions import caption
 from mmreward.synthetic.scenes import render, sample_scenes
 
@@ -156,12 +157,8 @@ def export(pipe, ema: dict[str, torch.Tensor], out: Path, meta: dict) -> None:
 
 def train(cfg: GeneratorTrainConfig) -> Path:
     """Train on cfg.threads threads, restoring the caller's torch thread count afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train(cfg)
-    finally:
-        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
 
 
 def _train(cfg: GeneratorTrainConfig) -> Path:

@@ -22,6 +22,7 @@ import torch
 
 from mmreward.errors import ConfigError
 from mmreward.synthetic.build.corruptions import corrupt_scene, degrade
+from mmreward.synthetic.build.threads import torch_threads
 from mmreward.synthetic.captions import caption
 from mmreward.synthetic.scenes import render, sample_scenes
 
@@ -172,13 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
     for f, v in asdict(PreferenceTrainConfig()).items():
         parser.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
     cfg = PreferenceTrainConfig(**vars(parser.parse_args(argv)))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         torch.manual_seed(cfg.seed)
         metrics = {"pref": train_pref(cfg), "aesthetic": train_aesthetic(cfg)}
-    finally:
-        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
     write_cards(cfg, metrics["pref"], metrics["aesthetic"])
     Path(cfg.pref_out, "training.json").write_text(json.dumps({"config": asdict(cfg), **metrics}, indent=1))
     print(json.dumps(metrics, indent=1))

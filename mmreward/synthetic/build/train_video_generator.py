@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from mmreward.errors import ConfigError
 from mmreward.synthetic.build.ema_training import export_with_ema, train_with_ema
+from mmreward.synthetic.build.threads import torch_threads
 from mmreward.synthetic.motion import motion_caption, motion_specs_for_split, realize_clip, render_clips
 
 # Call-time settings the model was trained for (the adapter/pipeline pads the text to max_sequence_length)
@@ -173,12 +174,8 @@ def export(pipe, ema: dict[str, torch.Tensor], out: Path, meta: dict, cfg: Video
 
 def train(cfg: VideoGeneratorTrainConfig) -> Path:
     """Train on cfg.threads threads, restoring the caller's torch thread count afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train(cfg)
-    finally:
-        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
 
 
 def _train(cfg: VideoGeneratorTrainConfig) -> Path:
