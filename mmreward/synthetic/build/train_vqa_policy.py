@@ -71,6 +71,8 @@ class VQAPolicyTrainConfig:
     image_size: int = IMAGE_SIZE  # a multiple of 28 (14-pixel patches, 2x2 merge)
     first_kinds: str = ""  # a curriculum: the first `first_steps` steps train on these kinds only (fresh
     first_steps: int = 0  # questions of seed 50 + seed, one pass); the shipped policy uses none
+    rope_theta: float = 0.0  # the text model's RoPE base; 0 keeps Qwen2-VL's 1e6, under which this model's
+    # 24-wide heads turn M-RoPE's h and w sections by at most 0.01 and 1e-4 rad per grid step (issue 30)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,8 +117,10 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 480, seed: int = 0):
     return tok
 
 
-def policy_config(tok, hidden: int = 96, layers: int = 3, vision_init: float = 0.02):
-    """Qwen2VLConfig of the policy: text width `hidden` (4 heads of 24, mrope 4+4+4), a 2-block vision tower."""
+def policy_config(tok, hidden: int = 96, layers: int = 3, vision_init: float = 0.02, rope_theta: float = 0.0):
+    """Qwen2VLConfig of the policy: text width `hidden` (4 heads of 24, mrope 4+4+4), a 2-block vision tower.
+
+    `rope_theta` > 0 sets the text RoPE base (0: Qwen2-VL's default, 1e6)."""
     from transformers import Qwen2VLConfig
 
     ids = tok.convert_tokens_to_ids
@@ -127,6 +131,8 @@ def policy_config(tok, hidden: int = 96, layers: int = 3, vision_init: float = 0
                 rope_scaling={"type": "mrope", "mrope_section": [head_dim // 2 - 2 * third, third, third]},
                 tie_word_embeddings=True, pad_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"),
                 bos_token_id=ids("<|endoftext|>"), initializer_range=0.02)
+    if rope_theta > 0:
+        text["rope_scaling"]["rope_theta"] = rope_theta
     vision = dict(depth=2, embed_dim=64, hidden_size=hidden, num_heads=4, mlp_ratio=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2, in_chans=3, initializer_range=vision_init)
     return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
@@ -194,7 +200,7 @@ def _train(cfg: VQAPolicyTrainConfig) -> dict:
         raise ConfigError(f"image_size must be a multiple of 28 (14-pixel patches merged 2x2), got {cfg.image_size}")
     processor = build_processor(out, tok, cfg.image_size)
     torch.manual_seed(cfg.seed)
-    model = Qwen2VLForConditionalGeneration(policy_config(tok, cfg.hidden, cfg.layers, cfg.vision_init))
+    model = Qwen2VLForConditionalGeneration(policy_config(tok, cfg.hidden, cfg.layers, cfg.vision_init, cfg.rope_theta))
     train_items = make_questions(cfg.train_questions, seed=cfg.seed, split="train", kinds=POLICY_KINDS)
     train_images = render_items(train_items, cfg.image_size)[0]
     first = tuple(k for k in cfg.first_kinds.split(",") if k) if cfg.first_steps else ()
