@@ -174,6 +174,33 @@ def test_one_dpo_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_
     assert trainer.last_images.shape == (4, 9, 3, 32, 32)
 
 
+def write_two_process_dpo_config(out: Path, tiny_pipeline_dir) -> tuple[Path, dict]:
+    """The online DPO run both 2-process checks launch: 4 prompts, so each process holds whole groups and pairs
+    its own samples; returns the YAML path (the run writes to `out`/dp2) and its config."""
+    cfg = _dpo_dict("sd3", out / "dp2", tiny_pipeline_dir)
+    cfg["sample"]["prompts_per_iteration"] = 4
+    cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    path = out / "dpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, cfg
+
+
+def check_two_process_dpo(out: Path, cfg: dict) -> None:
+    """The 2-process run in `out`/dp2 has the same rewards, pairs, gradient norm and weights as one process."""
+    from diffusion_rl.checkpointing import read_checkpoint
+    from diffusion_rl.trainer import Trainer
+
+    one_cfg = {**cfg, "log": {**cfg["log"], "output_dir": str(out / "dp1")}}
+    one = Trainer(from_dict(one_cfg))
+    one.fit()
+    two = read_checkpoint(out / "dp2" / "sd3" / "checkpoints" / "iter_000001")
+    h1, h2 = one.history[0], two["history"][0]
+    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
+    assert h2["dpo/pairs"] == h1["dpo/pairs"] == 4.0
+    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
+    assert_trained_params_match(one, two["params"], atol=1e-2 * cfg["train"]["learning_rate"])
+
+
 @pytest.mark.slow
 def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
     """accelerate on CPU with 2 gloo processes (each holding whole groups, so its own pairs) and the same global
@@ -181,24 +208,9 @@ def test_two_process_dpo_equals_one_process(tmp_path, tiny_pipeline_dir):
 
     Slow: the default suite runs this same check (this config, these assertions) in the launch it shares with the
     generic GRPO check, test_diffusion_rl_train.py::test_two_process_data_parallel_equals_one_process."""
-    from diffusion_rl.checkpointing import read_checkpoint
-    from diffusion_rl.trainer import Trainer
-
-    cfg = _dpo_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir)
-    cfg["sample"]["prompts_per_iteration"] = 4
-    cfg["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
-    path = tmp_path / "dp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path, cfg = write_two_process_dpo_config(tmp_path, tiny_pipeline_dir)
     launch_two_processes(path)
-    cfg["log"]["output_dir"] = str(tmp_path / "dp1")
-    one = Trainer(from_dict(cfg))
-    one.fit()
-    two = read_checkpoint(tmp_path / "dp2" / "sd3" / "checkpoints" / "iter_000001")
-    h1, h2 = one.history[0], two["history"][0]
-    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
-    assert h2["dpo/pairs"] == h1["dpo/pairs"] == 4.0
-    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
-    assert_trained_params_match(one, two["params"], atol=1e-2 * cfg["train"]["learning_rate"])
+    check_two_process_dpo(tmp_path, cfg)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     test_diffusion_rl_accelerate.py's check_fsdp_run; its own torchrun launch is `slow` there)."""
     from tests._helpers.two_process import assert_trained_params_match, launch_two_processes
     from tests.diffusion_rl import test_hacking_guard_distributed as guard
-    from tests.diffusion_rl.test_algorithm_dpo import _dpo_dict
+    from tests.diffusion_rl.test_algorithm_dpo import check_two_process_dpo, write_two_process_dpo_config
     from tests.diffusion_rl.test_diffusion_rl_accelerate import check_fsdp_run, write_fsdp_config
 
     cfg = _cfg(pipes["sd3"], "sd3", "grpo", tmp_path / "dp2", iterations=1, timestep_selection="random",
@@ -155,11 +155,8 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     cfg["advantage"]["std_scope"] = "global"
     path = tmp_path / "dp.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    dpo = _dpo_dict("sd3", tmp_path / "dpo2", tiny_pipeline_dir)
-    dpo["sample"]["prompts_per_iteration"] = 4
-    dpo["prompts"]["train"] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
-    dpo_path = tmp_path / "dpo.yaml"
-    dpo_path.write_text(yaml.safe_dump(dpo))
+    (tmp_path / "dpo").mkdir()
+    dpo_path, dpo = write_two_process_dpo_config(tmp_path / "dpo", tiny_pipeline_dir)
     guard_root = tmp_path / "guard"
     guard_root.mkdir()
     guard_cfg = guard.write_guard_config(guard_root, tiny_pipeline_dir("sd3"))
@@ -184,15 +181,7 @@ def test_two_process_data_parallel_equals_one_process(pipes, tmp_path, tiny_pipe
     assert_trained_params_match(one, two["params"], atol=1e-2 * cfg["train"]["learning_rate"])
 
     # DPO: the same rewards, pairs, gradient norm and weights as one process
-    dpo["log"]["output_dir"] = str(tmp_path / "dpo1")
-    one = Trainer(from_dict(dpo))
-    one.fit()
-    two = read_checkpoint(tmp_path / "dpo2" / "sd3" / "checkpoints" / "iter_000001")
-    h1, h2 = one.history[0], two["history"][0]
-    assert h2["reward/mock"] == pytest.approx(h1["reward/mock"], rel=1e-6, abs=1e-6)
-    assert h2["dpo/pairs"] == h1["dpo/pairs"] == 4.0
-    assert h2["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-4)
-    assert_trained_params_match(one, two["params"], atol=1e-2 * dpo["train"]["learning_rate"])
+    check_two_process_dpo(tmp_path / "dpo", dpo)
 
 
 class _Killed(BaseException):
