@@ -247,6 +247,20 @@ def decode_chunked(adapter: PipelineAdapter, latents: torch.Tensor, chunk_size: 
     return torch.cat(parts)
 
 
+def open_source_image(path: str, who: str, mode: str = "RGB"):
+    """An edit record's source image as a PIL image in `mode` (what the family's pipeline converts it to); a missing
+    or unreadable file is a ConfigError naming `who` (the pipeline or family) and the path."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.convert(mode)
+    except FileNotFoundError:
+        raise ConfigError(f"{who}: source image {path!r} does not exist; fix the edit record's path") from None
+    except (UnidentifiedImageError, OSError) as err:
+        raise ConfigError(f"{who}: source image {path!r} is not a readable image ({err})") from None
+
+
 def prompt_list(prompts: Sequence[str] | str) -> list[str]:
     """The prompts as a list: a lone string is one prompt, not a sequence of characters."""
     if isinstance(prompts, str):

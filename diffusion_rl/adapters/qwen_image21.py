@@ -63,7 +63,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from diffusion_rl.adapters.base import PipelineAdapter, PromptEmbeds, Schedule, flow_schedule, prompt_list
+from diffusion_rl.adapters.base import (
+    PipelineAdapter,
+    PromptEmbeds,
+    Schedule,
+    flow_schedule,
+    open_source_image,
+    prompt_list,
+)
 from diffusion_rl.adapters.qwen_image import QWEN_IMAGE_NEGATIVE_PROMPT, QwenImageAdapter
 from diffusion_rl.adapters.registry import register_adapter
 from mmreward.errors import ConfigError
@@ -72,20 +79,6 @@ QWEN_IMAGE21_DEFAULT_SIZE = 1024  # QwenImage21Pipeline.__call__'s output_resolu
 # the single-stream blocks' attention (diffusers' _tp_plan names them); QWEN_IMAGE21_MLP_LORA_TARGETS adds the SwiGLU
 QWEN_IMAGE21_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 QWEN_IMAGE21_MLP_LORA_TARGETS = ["img_mlp.proj", "img_mlp.gate_layer", "img_mlp.out"]
-
-
-def _open_rgba(path: str, name: str):
-    """A source image as an RGBA PIL image (what the pipeline converts condition images to); a missing or unreadable
-    file is a ConfigError naming it."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            return img.convert("RGBA")
-    except FileNotFoundError:
-        raise ConfigError(f"{name}: source image {path!r} does not exist; fix the edit record's path") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise ConfigError(f"{name}: source image {path!r} is not a readable image ({err})") from None
 
 
 class QwenImage21Adapter(QwenImageAdapter):
@@ -182,7 +175,7 @@ class QwenImage21Adapter(QwenImageAdapter):
         resolution = self._output_resolution()
         prompt_images, pixels = [], []
         for path in sources:
-            img = _open_rgba(path, type(pipe).__name__)
+            img = open_source_image(path, type(pipe).__name__, "RGBA")
             size = calculate_dimensions(resolution * resolution, img.size[0] / img.size[1])[:2]
             if size != (self.width, self.height):
                 raise ConfigError(

@@ -22,23 +22,10 @@ from collections.abc import Sequence
 
 import torch
 
-from diffusion_rl.adapters.base import PromptEmbeds, prompt_list
+from diffusion_rl.adapters.base import PromptEmbeds, open_source_image, prompt_list
 from diffusion_rl.adapters.qwen_image_edit import QWEN_EDIT_NEGATIVE_PROMPT, QwenImageEditAdapter
 from diffusion_rl.adapters.registry import register_adapter
 from mmreward.errors import ConfigError
-
-
-def _open_rgb(path: str, family: str):
-    """The source image as an RGB PIL image; a missing or unreadable file is a ConfigError naming it."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
-    except FileNotFoundError:
-        raise ConfigError(f"{family}: source image {path!r} does not exist") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise ConfigError(f"{family}: source image {path!r} is not a readable image ({err})") from None
 
 
 class QwenImageEditPlusAdapter(QwenImageEditAdapter):
@@ -69,7 +56,7 @@ class QwenImageEditPlusAdapter(QwenImageEditAdapter):
                 )
             condition_images, latents, vae_hw = [], [], []
             for path in p.sources:
-                image = _open_rgb(path, self.family)
+                image = open_source_image(path, self.family)
                 ratio = image.size[0] / image.size[1]
                 cw, ch = calculate_dimensions(CONDITION_IMAGE_SIZE, ratio)
                 vw, vh = calculate_dimensions(VAE_IMAGE_SIZE, ratio)
