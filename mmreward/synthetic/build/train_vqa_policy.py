@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from mmreward.errors import ConfigError
+from mmreward.synthetic.build.threads import torch_threads
 from mmreward.synthetic.vqa_policy import (  # noqa: F401 - re-exported: the recipe's public helpers
     IMAGE_SIZE,
     POLICY_KINDS,
@@ -179,12 +180,8 @@ def train(cfg: VQAPolicyTrainConfig) -> dict:
     """Build, train and save the policy; returns the measured metrics (also in training.json).
 
     Runs on cfg.threads threads and restores the caller's torch thread count afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train(cfg)
-    finally:
-        torch.set_num_threads(previous)  # a caller in the same process must not inherit our pool size
 
 
 def _train(cfg: VQAPolicyTrainConfig) -> dict:
