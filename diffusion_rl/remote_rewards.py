@@ -36,7 +36,6 @@ import itertools
 import json
 import os
 import re
-import secrets
 import select
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from mmreward.serve import (
     prepare_request,
     score_items,
 )
+from mmreward.serve.config import new_token
 from mmreward.types import PairwiseOutput, Reward, RewardOutput
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -319,7 +319,7 @@ class LocalPool:
 
     def __init__(self, specs: Mapping[str, RemoteSpec], options: Mapping[str, Mapping[str, Any]],
                  attention: str = "auto") -> None:
-        self.token = secrets.token_urlsafe(24)
+        self.token = new_token()
         slots: dict[tuple[str, int], list[str]] = {}
         for name, spec in specs.items():
             seen: dict[str, int] = {}
@@ -427,7 +427,7 @@ def _start_ray_pool(specs: Mapping[str, RemoteSpec], options: Mapping[str, Mappi
     Stopped when the trainer exits."""
     from mmreward.serve import ServeConfig, shutdown
 
-    token = secrets.token_urlsafe(24)
+    token = new_token()
     def device(s: RemoteSpec) -> str | None:  # the default 'cpu' means "the reward's own" when it gets a GPU
         return None if s.devices == ("cpu",) and s.num_gpus > 0 else s.devices[0]
 
@@ -488,7 +488,7 @@ def _serve_main(argv: Sequence[str]) -> int:
         options, envs = json.loads(args.options), json.loads(args.runtime_env)
         if not isinstance(options, dict) or not isinstance(envs, dict):
             raise ConfigError("--options and --runtime-env must be JSON objects keyed by reward name")
-        token = os.environ.get("MMREWARD_TOKEN") or secrets.token_urlsafe(24)
+        token = os.environ.get("MMREWARD_TOKEN") or new_token()
         cfgs = [ServeConfig(reward=r, options=options.get(r, {}), runtime_env=envs.get(r), device=args.device,
                             num_replicas=args.num_replicas, num_gpus=args.num_gpus, host=args.host, port=args.port,
                             token=token) for r in args.reward]

@@ -9,6 +9,12 @@ from typing import Any
 from mmreward.errors import ConfigError
 
 
+def new_token() -> str:
+    """A fresh bearer token (192 bits). Hex, not urlsafe base64: a urlsafe token starts with '-' one time in 64,
+    and `--token -x...` then reads as a flag to argparse, curl and most shells' tools."""
+    return secrets.token_hex(24)
+
+
 @dataclass
 class ServeConfig:
     reward: str = "mock"  # registered name or source
@@ -53,7 +59,7 @@ class ServeConfig:
         if self.num_replicas < 1:
             raise ConfigError(f"num_replicas must be >= 1, got {self.num_replicas}")
         if self.auth and not self.token:
-            self.token = secrets.token_urlsafe(24)
+            self.token = new_token()
 
 
     def http_limits(self):

@@ -46,9 +46,10 @@ def server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    token = secrets.token_urlsafe(24)
+    # a leading '-' on purpose: `--token=-...` must reach the server as a value, not a flag
+    token = "-" + secrets.token_urlsafe(24)
     cmd = [sys.executable, "-m", "mmreward", "serve", "--reward", "mock", "--host", "127.0.0.1", "--port", str(port),
-           "--token", token, "--engine", "local", "--header-timeout-s", str(HEADER_TIMEOUT), "--idle-timeout-s", str(IDLE_TIMEOUT),
+           f"--token={token}", "--engine", "local", "--header-timeout-s", str(HEADER_TIMEOUT), "--idle-timeout-s", str(IDLE_TIMEOUT),
            "--body-timeout-s", str(BODY_TIMEOUT), "--max-connections", str(MAX_CONN),
            "--max-request-bytes", "200000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -290,6 +290,16 @@ def test_engine_is_validated():
         ServeConfig(engine="threads")
 
 
+def test_generated_tokens_never_read_as_a_command_line_flag():
+    """A generated token is printed for users to paste after `--token`; a leading '-' (one urlsafe token in 64)
+    made argparse take it for a flag, so generated tokens are 192-bit lowercase hex."""
+    import re
+
+    tokens = {ServeConfig(reward=REWARD, auth=True).token for _ in range(200)}
+    assert len(tokens) == 200
+    assert all(re.fullmatch(r"[0-9a-f]{48}", t) for t in tokens)
+
+
 # ---------------------------------------------------------------------------------------------- the CLI (slow)
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["local", "ray"])
@@ -308,7 +318,7 @@ def test_cli_server_speaks_the_scorer_protocol(engine, local):
         port = s.getsockname()[1]
     token = secrets.token_urlsafe(16)
     proc = subprocess.Popen([sys.executable, "-m", "mmreward", "serve", "--reward", REWARD, "--engine", engine,
-                             "--port", str(port), "--token", token], stdout=subprocess.DEVNULL,
+                             "--port", str(port), f"--token={token}"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
