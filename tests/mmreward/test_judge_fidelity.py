@@ -257,34 +257,21 @@ def test_videoscore2_samples_at_0_7_with_1024_tokens_and_greedy_is_an_option():
 def _t2v_metrics_qwen_forward(folder, pil_images, texts):
     """linzhiqiu/t2v_metrics @ 6ecb74f t2v_metrics/models/vqascore_models/qwen2vl_model.py
     Qwen2VLModel.forward with its defaults (question/answer templates, max_new_tokens=1, temperature=1.0),
-    one item at a time; qwen_vl_utils' fetch_image transcribed (to_rgb, smart_resize with MIN_PIXELS 4*28*28,
-    MAX_PIXELS 16384*28*28, PIL resize) from qwen-vl-utils 0.0.14."""
+    one item at a time; qwen_vl_utils' fetch_image (qwen-vl-utils 0.0.14: smart_resize with MIN_PIXELS 4*28*28,
+    MAX_PIXELS 16384*28*28, PIL resize) is tests/_helpers/vlm_parity.py's transcription."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from tests._helpers.vlm_parity import fetch_image
 
     model = AutoModelForImageTextToText.from_pretrained(folder).eval()
     processor = AutoProcessor.from_pretrained(folder)
-
-    def smart_resize(height, width, factor=28, min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28):
-        h_bar = max(factor, round(height / factor) * factor)
-        w_bar = max(factor, round(width / factor) * factor)
-        if h_bar * w_bar > max_pixels:
-            beta = math.sqrt((height * width) / max_pixels)
-            h_bar = math.floor(height / beta / factor) * factor
-            w_bar = math.floor(width / beta / factor) * factor
-        elif h_bar * w_bar < min_pixels:
-            beta = math.sqrt(min_pixels / (height * width))
-            h_bar = math.ceil(height * beta / factor) * factor
-            w_bar = math.ceil(width * beta / factor) * factor
-        return h_bar, w_bar
 
     probs = []
     for image, text in zip(pil_images, texts):
         question, answer = T2V_QUESTION.format(text), T2V_ANSWER.format(text)
         messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
         prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        width, height = image.size
-        rh, rw = smart_resize(height, width)
-        image_inputs = [image.convert("RGB").resize((rw, rh))]
+        image_inputs = [fetch_image(image, rgba_on_white=False)]  # convert("RGB"), as transcribed (RGB inputs)
         inputs = processor(text=[prompt], images=image_inputs, videos=None, padding=True, return_tensors="pt",
                            do_resize=False)
         answer_token_ids = processor.tokenizer.encode(answer, add_special_tokens=False)

@@ -1,7 +1,8 @@
 """EditScore against its original inference code, on a tiny random Qwen2.5-VL checkpoint with a random LoRA
 adapter, both written in the official formats and loaded through our real loader.
 
-The reference is transcribed from VectorSpaceLab/EditScore (never through our helpers):
+The reference is transcribed from VectorSpaceLab/EditScore (never through mmreward's code; qwen_vl_utils'
+`fetch_image` is the shared transcription in tests/_helpers/vlm_parity.py):
 - editscore/__init__.py @ 35ddc1a `EditScore.evaluate` (the README's entry point): SC prompt = context, two-image
   edit rule and SC rule with '10' -> score_range, '<instruction>' filled; SC request = [source, edited] + SC prompt,
   PQ request = [edited] + PQ prompt; SC = min(SC scores) / (range / 10), PQ likewise, overall = sqrt(SC * PQ);
@@ -27,6 +28,7 @@ import torch
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import fetch_image, smooth_images, spy_on_generate
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -42,29 +44,8 @@ SEED = 42  # EditScore's default seed
 
 
 # ------------------------------------------------------------------------------------------------
-# qwen_vl_utils 0.0.10 fetch_image and EditScore's Qwen25VL, transcribed
+# EditScore's Qwen25VL, transcribed (qwen_vl_utils' fetch_image: tests/_helpers/vlm_parity.py)
 # ------------------------------------------------------------------------------------------------
-def _smart_resize(height, width, factor=28, min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28):
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _fetch_image(image):
-    image = image.convert("RGB")
-    width, height = image.size
-    resized_height, resized_width = _smart_resize(height, width)
-    return image.resize((resized_width, resized_height))  # Pillow's default resample for RGB: BICUBIC
-
-
 def _apply_chat_template(prompt, num_images):
     template = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
     template += "".join([f"<img{i}>: <|vision_start|><|image_pad|><|vision_end|>" for i in range(1, num_images + 1)])
@@ -92,8 +73,9 @@ class _Qwen25VL:
     def prepare_input(self, images, text_prompt):
         images = images if isinstance(images, list) else [images]
         text = _apply_chat_template(text_prompt, num_images=len(images))
-        return self.processor(text=[text], images=[_fetch_image(im) for im in images], videos=None, padding=True,
-                              return_tensors="pt")
+        # qwen_vl_utils 0.0.10 fetch_image as transcribed here: convert("RGB") (no RGBA input below)
+        fetched = [fetch_image(im, rgba_on_white=False) for im in images]
+        return self.processor(text=[text], images=fetched, videos=None, padding=True, return_tensors="pt")
 
     def inference(self, inputs, seed):
         _set_seed(seed)
@@ -135,29 +117,11 @@ def model_dirs(tmp_path_factory):
 
 
 def _images(tmp_path):
-    rng = np.random.default_rng(4)
-    smooth = lambda h, w, c: np.kron(rng.random((h // 8 + 1, w // 8 + 1, c)), np.ones((8, 8, 1)))[:h, :w]  # noqa: E731
-    rgb = Image.fromarray((smooth(64, 96, 3) * 255).astype(np.uint8))
-    gray = Image.fromarray((smooth(70, 70, 1)[..., 0] * 255).astype(np.uint8))  # mode "L"
-    odd = Image.fromarray((smooth(61, 93, 3) * 255).astype(np.uint8))
     paths = []
-    for name, im in zip(("rgb", "gray", "odd"), (rgb, gray, odd)):
+    for name, im in zip(("rgb", "gray", "odd"), smooth_images(seed=4)):
         paths.append(tmp_path / f"{name}.png")
         im.save(paths[-1])
     return paths
-
-
-def _spy(judge):
-    calls = []
-    generate = judge.backend.model.generate
-
-    def spy(**kwargs):
-        out = generate(**kwargs)
-        calls.append((kwargs, out[:, kwargs["input_ids"].shape[1]:]))
-        return out
-
-    judge.backend.model.generate = spy
-    return calls
 
 
 @pytest.mark.parametrize("pair", [(0, 2), (1, 0)])
@@ -167,7 +131,7 @@ def test_editscore_requests_and_sampling_are_the_originals(model_dirs, tmp_path,
     source, edited = paths[pair[0]], paths[pair[1]]
     instruction = "make the sky purple"
     judge = mmreward.load("editscore", checkpoint=str(lora), base_model=str(base), max_new_tokens=GEN_TOKENS)
-    calls = _spy(judge)
+    calls = spy_on_generate(judge)
     out = judge.score([instruction], [Image.open(edited)], metadata=[{"source_image": str(source)}])
 
     ref = _Qwen25VL(str(base), str(lora))

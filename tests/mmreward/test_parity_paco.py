@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 import re
 from itertools import combinations
 
@@ -30,6 +29,7 @@ import torch
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import smart_resize
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -76,21 +76,6 @@ def _yes_cond_prob(top):
     return torch.sigmoid(torch.tensor(yes - no, dtype=torch.float64)).item()
 
 
-def _smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=12845056):
-    """transformers 4.5x qwen2_vl image_processing `smart_resize` (Qwen2.5-VL's bounds 3136..12845056)."""
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
 class _Server:
     """What the vLLM server does with one chat request, run with transformers."""
 
@@ -107,9 +92,12 @@ class _Server:
                   for c in content if c["type"] == "image_url"]
         chat = [{"role": "user", "content": [{"type": "image"} if c["type"] == "image_url" else c for c in content]}]
         text = self.processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        # the slow Qwen2VLImageProcessor of PaCo-RL's vLLM (transformers 4.5x): smart_resize with the checkpoint's
-        # pixel bounds, PIL's bicubic on the 8-bit image, then rescale and normalise
-        images = [im.resize(_smart_resize(im.height, im.width)[::-1], Image.BICUBIC) for im in images]
+        # the slow Qwen2VLImageProcessor of PaCo-RL's vLLM (transformers 4.5x): its `smart_resize` (no one-patch
+        # floor) with the checkpoint's pixel bounds 3136..12845056, PIL's bicubic on the 8-bit image, then rescale
+        # and normalise
+        sizes = [smart_resize(im.height, im.width, min_pixels=56 * 56, max_pixels=12845056,
+                              floor_rounded_at_one_patch=False) for im in images]
+        images = [im.resize(size[::-1], Image.BICUBIC) for im, size in zip(images, sizes)]
         inputs = self.processor(text=[text], images=images, images_kwargs={"do_resize": False}, return_tensors="pt")
         self.seen.append(inputs)
         with torch.no_grad():

@@ -21,6 +21,7 @@ from torch import nn
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import IMAGE_SPECS, write_image_files
 
 pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
@@ -202,18 +203,7 @@ def _vlm_with_tokens(folder, tokens, seed):
 
 def _image_files(tmp_path, seed):
     """RGB, grayscale, odd-size RGB and RGBA PNGs (what users hand the originals as paths)."""
-    rng = np.random.default_rng(seed)
-    specs = [("rgb.png", "RGB", (64, 80, 3)), ("gray.png", "L", (50, 40)), ("odd.png", "RGB", (37, 61, 3)),
-             ("rgba.png", "RGBA", (45, 45, 4))]
-    paths = []
-    for name, mode, shape in specs:
-        arr = rng.integers(0, 256, shape, dtype=np.uint8)
-        if mode == "RGB":  # smooth structure plus noise, so that resampling matters
-            yy, xx = np.mgrid[: shape[0], : shape[1]]
-            arr[..., 0] = (127 + 120 * np.sin(xx / 5.0)).astype(np.uint8)
-        Image.fromarray(arr, mode).save(tmp_path / name)
-        paths.append(str(tmp_path / name))
-    return paths
+    return write_image_files(tmp_path, IMAGE_SPECS, seed=seed, sine_red=True)
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,14 @@ never stops).
 
 from __future__ import annotations
 
-import math
 import re
 
-import numpy as np
 import pytest
 import torch
 
 import mmreward
 from tests._helpers.parity_record import record_parity
+from tests._helpers.vlm_parity import IMAGE_SPECS, fetch_image, write_image_files
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -36,30 +35,9 @@ CHOSEN = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle {left
 REJECTED = ["Two.", "It is blue, I think.", "nothing", "An image of shapes."]
 
 
-def _smart_resize(height, width, factor=28, min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28):
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
 def _fetch_image(path):
-    image = Image.open(path)
-    if image.mode == "RGBA":
-        white = Image.new("RGB", image.size, (255, 255, 255))
-        white.paste(image, mask=image.split()[3])
-        image = white
-    else:
-        image = image.convert("RGB")
-    h, w = _smart_resize(image.height, image.width)
-    return image.resize((w, h))
+    """qwen_vl_utils `fetch_image` (tests/_helpers/vlm_parity.py): RGBA on white, the one-patch floor when shrinking."""
+    return fetch_image(path, rgba_on_white=True, floor_shrunk_at_one_patch=True)
 
 
 def _make_conv_rm(prompt, chosen, rejected):
@@ -115,15 +93,7 @@ def _original(folder, paths, questions, chosen, rejected):
 
 
 def _image_files(tmp_path, seed=7):
-    rng = np.random.default_rng(seed)
-    specs = [("rgb.png", "RGB", (64, 80, 3)), ("gray.png", "L", (50, 40)), ("odd.png", "RGB", (37, 61, 3)),
-             ("rgba.png", "RGBA", (45, 45, 4))]
-    paths = []
-    for name, mode, shape in specs:
-        arr = rng.integers(0, 256, shape, dtype=np.uint8)
-        Image.fromarray(arr, mode).save(tmp_path / name)
-        paths.append(str(tmp_path / name))
-    return paths
+    return write_image_files(tmp_path, IMAGE_SPECS, seed=seed, sine_red=False)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
 The reference follows the Skywork/Skywork-VL-Reward-7B model card's inference code (the hub README, gated; read
 through public copies of it, e.g. its quick start as reproduced verbatim by third-party scorers), step by step:
 messages [user: image + question, assistant: response]; `processor.apply_chat_template(..., tokenize=False,
-add_generation_prompt=False)`; qwen_vl_utils `process_vision_info` (transcribed below: `fetch_image` with `to_rgb`,
-`smart_resize`, Pillow's default bicubic `Image.resize`); `processor(text=[text], images=..., padding=True)`;
+add_generation_prompt=False)`; qwen_vl_utils `process_vision_info` (below, with the `fetch_image` transcribed in
+tests/_helpers/vlm_parity.py: `to_rgb`, `smart_resize`, Pillow's default bicubic `Image.resize`); `processor(text=[text], images=..., padding=True)`;
 TRL's `AutoModelForCausalLMWithValueHead` forward and `ValueHead` (transcribed from
 huggingface/trl@0734879e177ccd0fa0fa6ec83fd232ecc18bbdf9 trl/models/modeling_value_head.py: the wrapped model
 called with `output_hidden_states=True`, `hidden_states[-1]`, dropout, fp32 `summary` Linear, `.squeeze(-1)`),
@@ -15,9 +15,6 @@ processor come from transformers' own `from_pretrained`, not our loaders. Nothin
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -25,6 +22,7 @@ from torch import nn
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import IMAGE_SPECS, fetch_image, write_image_files
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -41,41 +39,13 @@ RESPONSES = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle le
 
 
 # ------------------------------------------------------------------------------------------------
-# qwen_vl_utils vision_process.py (QwenLM/Qwen2.5-VL qwen-vl-utils), transcribed
+# qwen_vl_utils vision_process.py (QwenLM/Qwen2.5-VL qwen-vl-utils): fetch_image in tests/_helpers/vlm_parity.py
 # ------------------------------------------------------------------------------------------------
-def _smart_resize(height, width, factor=28, min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28):
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _to_rgb(pil_image):
-    if pil_image.mode == "RGBA":
-        white = Image.new("RGB", pil_image.size, (255, 255, 255))
-        white.paste(pil_image, mask=pil_image.split()[3])
-        return white
-    return pil_image.convert("RGB")
-
-
-def _fetch_image(ele):
-    image = _to_rgb(Image.open(ele["image"]))
-    width, height = image.size
-    resized_height, resized_width = _smart_resize(height, width, min_pixels=ele["min_pixels"],
-                                                  max_pixels=ele["max_pixels"])
-    return image.resize((resized_width, resized_height))  # Pillow's default filter: BICUBIC
-
-
 def _process_vision_info(messages):
-    return [_fetch_image(c) for m in messages if isinstance(m["content"], list) for c in m["content"]
-            if c.get("type") == "image"]
+    # fetch_image with `to_rgb` (RGBA on white) and the one-patch floor when shrinking
+    return [fetch_image(c["image"], rgba_on_white=True, min_pixels=c["min_pixels"], max_pixels=c["max_pixels"],
+                        floor_shrunk_at_one_patch=True)
+            for m in messages if isinstance(m["content"], list) for c in m["content"] if c.get("type") == "image"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,18 +108,8 @@ def _original_scores(folder, paths, questions, responses):
 
 def _image_files(tmp_path, seed=3):
     """RGB, grayscale, odd-size RGB, a large RGB image (downscaled by smart_resize) and RGBA, as PNG files."""
-    rng = np.random.default_rng(seed)
-    specs = [("rgb.png", "RGB", (64, 80, 3)), ("gray.png", "L", (50, 40)), ("odd.png", "RGB", (37, 61, 3)),
-             ("large.png", "RGB", (150, 133, 3)), ("rgba.png", "RGBA", (45, 45, 4))]
-    paths = []
-    for name, mode, shape in specs:
-        arr = rng.integers(0, 256, shape, dtype=np.uint8)
-        if mode == "RGB":  # smooth structure plus noise, so that resampling matters
-            xx = np.mgrid[: shape[0], : shape[1]][1]
-            arr[..., 0] = (127 + 120 * np.sin(xx / 5.0)).astype(np.uint8)
-        Image.fromarray(arr, mode).save(tmp_path / name)
-        paths.append(str(tmp_path / name))
-    return paths
+    specs = [*IMAGE_SPECS[:3], ("large.png", "RGB", (150, 133, 3)), ("rgba.png", "RGBA", (45, 45, 4))]
+    return write_image_files(tmp_path, specs, seed=seed, sine_red=True)
 
 
 @pytest.fixture(scope="module")

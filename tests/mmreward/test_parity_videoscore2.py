@@ -1,7 +1,8 @@
 """VideoScore2 against its original inference script, on a tiny random Qwen2.5-VL checkpoint written in the official
 layout and loaded through our real loader.
 
-The reference is transcribed from TIGER-AI-Lab/VideoScore2 @ e6abe26 vs2_inference.py (never through our helpers):
+The reference is transcribed from TIGER-AI-Lab/VideoScore2 @ e6abe26 vs2_inference.py (never through mmreward's code;
+qwen_vl_utils' `smart_resize` is the shared transcription in tests/_helpers/vlm_parity.py):
 VS2_QUERY_TEMPLATE filled with the prompt; one user turn [video at fps 2.0, text] through the processor's chat
 template; qwen_vl_utils' `process_vision_info` (qwen-vl-utils 0.0.10 = QwenLM/Qwen2.5-VL @ f0af299
 vision_process.py: `_read_video_decord` after decoding (smart_nframes: total / video_fps * 2, clamped to
@@ -27,6 +28,7 @@ import torch
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import smart_resize, spy_on_generate
 
 pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
@@ -55,20 +57,6 @@ VS2_QUERY_TEMPLATE = Template("""
 # ------------------------------------------------------------------------------------------------
 # qwen_vl_utils 0.0.10 video path and vs2_inference.py, transcribed
 # ------------------------------------------------------------------------------------------------
-def _smart_resize(height, width, factor=28, min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28):
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
 def _smart_nframes(fps, total_frames, video_fps):
     min_frames = math.ceil(4 / 2) * 2
     max_frames = math.floor(min(768, total_frames) / 2) * 2
@@ -89,7 +77,7 @@ def _fetch_video(frames_tchw_uint8, video_fps, fps=2.0):
     min_pixels = 128 * 28 * 28
     total_pixels = int(float(128000 * 28 * 28 * 0.9))
     max_pixels = max(min(768 * 28 * 28, total_pixels / nframes * 2), int(min_pixels * 1.05))
-    rh, rw = _smart_resize(height, width, factor=28, min_pixels=min_pixels, max_pixels=max_pixels)
+    rh, rw = smart_resize(height, width, factor=28, min_pixels=min_pixels, max_pixels=max_pixels)
     return transforms.functional.resize(video, [rh, rw], interpolation=InterpolationMode.BICUBIC,
                                         antialias=True).float()
 
@@ -187,18 +175,11 @@ def test_videoscore2_request_sampling_and_soft_scores_are_vs2_inference(vs2_dir,
     clip_u8, video_fps, prompt = _clip(), 8.0, "a paper boat drifting down a gutter"
     judge = mmreward.load("videoscore2", checkpoint=str(vs2_dir), max_new_tokens=GEN_TOKENS, seed=SEED)
     backend = judge.backend
-    seen = []
-    generate = backend.model.generate
-
-    def spy(**kwargs):
-        seen.append(kwargs)
-        return generate(**kwargs)
-
-    backend.model.generate = spy
+    calls = spy_on_generate(judge)
     out = judge.score([prompt], (clip_u8.float() / 255)[None], fps=video_fps)
     ref_inputs, ref_out, tok = _vs2_main(vs2_dir, clip_u8, video_fps, prompt)
 
-    (kwargs,) = seen
+    ((kwargs, _),) = calls
     assert kwargs["input_ids"].tolist() == ref_inputs["input_ids"].tolist(), "prompt tokens differ"
     assert kwargs["video_grid_thw"].tolist() == ref_inputs["video_grid_thw"].tolist(), "frames or frame size differ"
     if "second_per_grid_ts" in ref_inputs:

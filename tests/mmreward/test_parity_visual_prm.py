@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import IMAGE_SPECS, write_image_files
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -217,18 +217,8 @@ def _original(folder, paths, questions, responses, max_steps=None):
 
 
 def _image_files(tmp_path, seed=11):
-    rng = np.random.default_rng(seed)
-    specs = [("rgb.png", "RGB", (64, 80, 3)), ("gray.png", "L", (50, 40)), ("odd.png", "RGB", (37, 61, 3)),
-             ("large.png", "RGB", (150, 230, 3)), ("rgba.png", "RGBA", (45, 60, 4))]
-    paths = []
-    for name, mode, shape in specs:
-        arr = rng.integers(0, 256, shape, dtype=np.uint8)
-        if mode == "RGB":  # smooth structure plus noise, so that resampling matters
-            xx = np.mgrid[: shape[0], : shape[1]][1]
-            arr[..., 0] = (127 + 120 * np.sin(xx / 5.0)).astype(np.uint8)
-        Image.fromarray(arr, mode).save(tmp_path / name)
-        paths.append(str(tmp_path / name))
-    return paths
+    specs = [*IMAGE_SPECS[:3], ("large.png", "RGB", (150, 230, 3)), ("rgba.png", "RGBA", (45, 60, 4))]
+    return write_image_files(tmp_path, specs, seed=seed, sine_red=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """UnifiedReward and UnifiedReward-Think against their originals' inference code, on a tiny random Qwen2.5-VL
 checkpoint written in the official layout and loaded through our real loaders.
 
-The references are transcribed from CodeGoat24/UnifiedReward @ ff6f520 (never through our helpers):
+The references are transcribed from CodeGoat24/UnifiedReward @ ff6f520 (never through mmreward's code; qwen_vl_utils'
+`fetch_image` is the shared transcription in tests/_helpers/vlm_parity.py):
 - UnifiedReward-Think/inference_qwen/image_generation/qwen_infer_cot_image_generation.py (Think, pairwise);
 - inference_qwen/image_generation/qwen_pair_rank_image_generation.py (UnifiedReward, pairwise);
 - inference_qwen/UnifiedReward-2.0-inference/point_score_ACS_image_generation.py (UnifiedReward-2.0, pointwise:
@@ -15,15 +16,13 @@ and the generated tokens. The random model writes no verdict, so the parsed scor
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
 
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import fetch_image, smooth_images, spy_on_generate
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -80,29 +79,8 @@ UR_ACS = (
 
 
 # ------------------------------------------------------------------------------------------------
-# qwen_vl_utils (0.0.10) fetch_image, transcribed
+# the scripts, transcribed
 # ------------------------------------------------------------------------------------------------
-def _smart_resize(height, width, factor=28, min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28):
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _fetch_image(image):
-    image = image.convert("RGB")
-    width, height = image.size
-    resized_height, resized_width = _smart_resize(height, width)
-    return image.resize((resized_width, resized_height))  # Pillow's default resample for RGB: BICUBIC
-
-
 def _original_generate(folder, images, text, max_new_tokens):
     """The scripts' body: messages, chat template, process_vision_info, processor, greedy generate."""
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
@@ -112,8 +90,9 @@ def _original_generate(folder, images, text, max_new_tokens):
     messages = [{"role": "user", "content": [*({"type": "image", "image": im} for im in images),
                                              {"type": "text", "text": text}]}]
     chat = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    inputs = processor(text=[chat], images=[_fetch_image(im) for im in images], videos=None, padding=True,
-                       return_tensors="pt")
+    # qwen_vl_utils 0.0.10 fetch_image as transcribed here: convert("RGB") (no RGBA input below)
+    fetched = [fetch_image(im, rgba_on_white=False) for im in images]
+    inputs = processor(text=[chat], images=fetched, videos=None, padding=True, return_tensors="pt")
     with torch.no_grad():
         generated = model.generate(**inputs, max_new_tokens=max_new_tokens)
     return inputs, generated[0, inputs["input_ids"].shape[1]:]
@@ -133,26 +112,7 @@ def qwen25(tmp_path_factory):
 
 
 def _images():
-    rng = np.random.default_rng(3)
-    smooth = lambda h, w, c: np.kron(rng.random((h // 8 + 1, w // 8 + 1, c)), np.ones((8, 8, 1)))[:h, :w]  # noqa: E731
-    rgb = Image.fromarray((smooth(64, 96, 3) * 255).astype(np.uint8))              # resized to 56 x 84... by Pillow
-    gray = Image.fromarray((smooth(70, 70, 1)[..., 0] * 255).astype(np.uint8))      # mode "L"
-    odd = Image.fromarray((smooth(61, 93, 3) * 255).astype(np.uint8))
-    return rgb, gray, odd
-
-
-def _spy(judge):
-    """Record every model.generate call of the judge (its kwargs), then run it."""
-    calls = []
-    generate = judge.backend.model.generate
-
-    def spy(**kwargs):
-        out = generate(**kwargs)
-        calls.append((kwargs, out[:, kwargs["input_ids"].shape[1]:]))
-        return out
-
-    judge.backend.model.generate = spy
-    return calls
+    return smooth_images(seed=3)  # RGB 64x96 (resized to 56x84... by Pillow), grayscale (mode "L"), odd 61x93
 
 
 def _check(family, judge_calls, reference, what):
@@ -174,7 +134,7 @@ def test_unifiedreward_think_pairwise_is_qwen_infer_cot(qwen25, pair):
     images = _images()
     first, second = images[pair[0]], images[pair[1]]
     judge = mmreward.load("unifiedreward-think", checkpoint=str(qwen25), debias=False, max_new_tokens=GEN_TOKENS)
-    calls = _spy(judge)
+    calls = spy_on_generate(judge)
     judge.compare(["a red fox in the snow"], [first], [second])
     ref = _original_generate(qwen25, [first, second], THINK_PAIR.replace("{prompt}", "a red fox in the snow"),
                              GEN_TOKENS)
@@ -185,7 +145,7 @@ def test_unifiedreward_think_pairwise_is_qwen_infer_cot(qwen25, pair):
 def test_unifiedreward_pairwise_is_qwen_pair_rank(qwen25):
     rgb, gray, odd = _images()
     judge = mmreward.load("unifiedreward", checkpoint=str(qwen25), debias=False, max_new_tokens=GEN_TOKENS)
-    calls = _spy(judge)
+    calls = spy_on_generate(judge)
     judge.compare(["two cats"], [odd], [gray])
     ref = _original_generate(qwen25, [odd, gray], UR_PAIR.replace("{prompt}", "two cats"), GEN_TOKENS)
     _check("unifiedreward", calls[0], ref, "inference_qwen/image_generation/qwen_pair_rank_image_generation.py")
@@ -195,7 +155,7 @@ def test_unifiedreward_pairwise_is_qwen_pair_rank(qwen25):
 def test_unifiedreward_pointwise_is_point_score_acs(qwen25, index):
     image = _images()[index]
     judge = mmreward.load("unifiedreward", checkpoint=str(qwen25), max_new_tokens=GEN_TOKENS)
-    calls = _spy(judge)
+    calls = spy_on_generate(judge)
     judge.score(["a lighthouse at dusk"], [image])
     ref = _original_generate(qwen25, [image], UR_ACS.replace("{prompt}", "a lighthouse at dusk"), GEN_TOKENS)
     _check("unifiedreward", calls[0], ref,

@@ -1,0 +1,129 @@
+"""Shared plumbing of the VLM reward parity tests (tests/mmreward/test_parity_*.py, test_judge_fidelity.py).
+
+- `smart_resize` / `fetch_image`: qwen_vl_utils' image sizing, the one third-party preprocessing step that the
+  Qwen-VL rewards' originals (EditScore, UnifiedReward, VideoScore2, R1-Reward, Skywork-VL-Reward, t2v_metrics,
+  PaCo-RL's vLLM server) all call. Transcribed once here; the switches name where the originals' copies differ,
+  and each test passes the ones its original uses;
+- `spy_on_generate`: records what a judge hands its model's `generate`;
+- `write_image_files` / `smooth_images`: the tests' input images.
+
+Each test keeps its own transcription of its original's prompt, request and scoring code, its own inputs and its
+own tolerances. Nothing here imports mmreward (a reference must not go through the code it checks).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+# qwen_vl_utils' defaults: 4 to 16384 visual tokens of 28 x 28 pixels
+MIN_PIXELS, MAX_PIXELS = 4 * 28 * 28, 16384 * 28 * 28
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = MIN_PIXELS,
+                 max_pixels: int = MAX_PIXELS, *, floor_rounded_at_one_patch: bool = True,
+                 floor_shrunk_at_one_patch: bool = False) -> tuple[int, int]:
+    """qwen_vl_utils vision_process.py `smart_resize`: each side rounded to a multiple of `factor`, then scaled
+    (aspect kept) into [min_pixels, max_pixels]. The defaults are the released qwen-vl-utils 0.0.10 to 0.0.14
+    (read from the PyPI wheels): the rounded sides floored at one patch, the shrunk ones not.
+
+    floor_shrunk_at_one_patch: `max(factor, floor_by_factor(...))` in the shrink branch, as in the later
+    vision_process.py of the QwenLM/Qwen2.5-VL repository (the R1-Reward and Skywork tests' transcription);
+    floor_rounded_at_one_patch=False: plain `round(side / factor) * factor`, as the PaCo test transcribes
+    transformers 4.5x's Qwen2-VL image processor (`image_processing_qwen2_vl.smart_resize`, run by PaCo-RL's vLLM)."""
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if floor_rounded_at_one_patch:
+        h_bar, w_bar = max(factor, h_bar), max(factor, w_bar)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+        if floor_shrunk_at_one_patch:
+            h_bar, w_bar = max(factor, h_bar), max(factor, w_bar)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def fetch_image(image: Image.Image | str | os.PathLike, *, rgba_on_white: bool, min_pixels: int = MIN_PIXELS,
+                max_pixels: int = MAX_PIXELS, floor_shrunk_at_one_patch: bool = False) -> Image.Image:
+    """qwen_vl_utils `fetch_image` for a PIL image or a file path: to RGB, `smart_resize`, then Pillow's default
+    `Image.resize` (bicubic for RGB).
+
+    rgba_on_white=True: `to_rgb` (RGBA composited on white, as the released wheels do); False: plain
+    `convert("RGB")` (alpha dropped), as the EditScore, UnifiedReward and VQAScore tests transcribe it; the two
+    agree on every image without alpha."""
+    if isinstance(image, (str, os.PathLike)):
+        image = Image.open(image)
+    if rgba_on_white and image.mode == "RGBA":
+        white = Image.new("RGB", image.size, (255, 255, 255))
+        white.paste(image, mask=image.split()[3])
+        image = white
+    else:
+        image = image.convert("RGB")
+    height, width = smart_resize(image.height, image.width, min_pixels=min_pixels, max_pixels=max_pixels,
+                                 floor_shrunk_at_one_patch=floor_shrunk_at_one_patch)
+    return image.resize((width, height))
+
+
+def spy_on_generate(judge: Any) -> list[tuple[dict, torch.Tensor]]:
+    """Wrap `judge.backend.model.generate`: the returned list gets, per call, its keyword arguments and the tokens
+    it generated (prompt cut off); the call itself runs unchanged."""
+    calls: list[tuple[dict, torch.Tensor]] = []
+    generate = judge.backend.model.generate
+
+    def spy(**kwargs):
+        out = generate(**kwargs)
+        sequences = getattr(out, "sequences", out)  # a tensor, or return_dict_in_generate's output
+        calls.append((kwargs, sequences[:, kwargs["input_ids"].shape[1]:]))
+        return out
+
+    judge.backend.model.generate = spy
+    return calls
+
+
+# RGB, grayscale, odd-size RGB and RGBA PNGs (file name, PIL mode, array shape): what users hand the originals
+IMAGE_SPECS = (("rgb.png", "RGB", (64, 80, 3)), ("gray.png", "L", (50, 40)), ("odd.png", "RGB", (37, 61, 3)),
+               ("rgba.png", "RGBA", (45, 45, 4)))
+
+
+def write_image_files(folder: Path, specs: Sequence[tuple[str, str, tuple[int, ...]]], *, seed: int,
+                      sine_red: bool) -> list[str]:
+    """One PNG of uniform random pixels per (file name, PIL mode, array shape) in `specs` (e.g. IMAGE_SPECS), in
+    `folder`; the paths.
+
+    sine_red: the red channel of each RGB image a horizontal sine instead (smooth structure under the noise, so
+    that the resampling filter matters)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for name, mode, shape in specs:
+        arr = rng.integers(0, 256, shape, dtype=np.uint8)
+        if sine_red and mode == "RGB":
+            xx = np.mgrid[: shape[0], : shape[1]][1]
+            arr[..., 0] = (127 + 120 * np.sin(xx / 5.0)).astype(np.uint8)
+        Image.fromarray(arr, mode).save(folder / name)
+        paths.append(str(folder / name))
+    return paths
+
+
+def smooth_images(seed: int) -> tuple[Image.Image, Image.Image, Image.Image]:
+    """64x96 RGB, 70x70 grayscale (mode "L") and odd-sized 61x93 RGB images of 8x8-pixel random blocks."""
+    rng = np.random.default_rng(seed)
+
+    def smooth(h, w, c):
+        return np.kron(rng.random((h // 8 + 1, w // 8 + 1, c)), np.ones((8, 8, 1)))[:h, :w]
+
+    rgb = Image.fromarray((smooth(64, 96, 3) * 255).astype(np.uint8))
+    gray = Image.fromarray((smooth(70, 70, 1)[..., 0] * 255).astype(np.uint8))
+    odd = Image.fromarray((smooth(61, 93, 3) * 255).astype(np.uint8))
+    return rgb, gray, odd
