@@ -34,8 +34,11 @@ safetensors) is converted in memory to transformers' native InternVL (`InternVLF
 layout: InternViT + pixel-shuffle MLP projector + a Llama language model) by mmreward/backbones/internvl_chat.py,
 strictly, with the tokenizer from the folder's tokenizer.json; a native "-hf" checkpoint (Qwen2 or Llama language
 model) loads as it is. Checked in tests/mmreward/test_visual_prm_official_layout.py against transcriptions of the
-original InternLM2 and InternViT forwards. Not checked: the real 8B weights and the real InternLM2 tokenizer (a
-folder with only its sentencepiece tokenizer.model is refused with how to add a tokenizer.json). The hub model's
+original InternLM2 and InternViT forwards. The tokenizer.json of such a folder gives the ids of InternVL's slow
+sentencepiece InternLM2Tokenizer on this reward's prompts (tests/mmreward/test_visual_prm_tokenizer.py, a tiny
+sentencepiece model with InternLM2's token layout; the folder's tokenizer.model normaliser is checked at load,
+`_check_against_sentencepiece`). Not checked: the real 8B weights and the real 92,544-piece vocabulary (a folder with
+only its sentencepiece tokenizer.model is refused with how to add a tokenizer.json). The hub model's
 hard-score mode (generated "+"/"-" text, summed) is not implemented. Scoring is checked against a transcription of
 the original's scoring code in tests/mmreward/test_parity_visual_prm.py.
 """
@@ -99,6 +102,14 @@ def render_conversation(question: str, steps: Sequence[str], system_message: str
             step = f"### Question:\n<image>\n{question}\n\n### Solution Process:\n{step}"
         parts.append(ROLES[0] + step + SEP + ROLES[1] + PLACEHOLDER + SEP)
     return "".join(parts)
+
+
+def render_query(question: str, steps: Sequence[str], image_tokens: int,
+                 system_message: str = PRM_SYSTEM_PROMPT) -> str:
+    """The text that is tokenized: the conversation with "<image>" replaced by "<img>", `image_tokens` x
+    "<IMG_CONTEXT>" (tokens per tile x tiles), "</img>", as the original's `chat` does."""
+    image = IMG_START + IMG_CONTEXT * image_tokens + IMG_END
+    return render_conversation(question, steps, system_message).replace("<image>", image, 1)
 
 
 def _target_ratios(max_num: int, min_num: int = 1) -> list[tuple[int, int]]:
@@ -197,10 +208,8 @@ class VisualPRM(ResponseReward):
     def _per_step(self, questions, media, responses) -> list[torch.Tensor]:
         steps = [self._steps(r) for r in responses]
         tiles = [internvl_tiles(m, self.image_size, self.max_num) for m in media]
-        texts = []
-        for q, st, t in zip(questions, steps, tiles):
-            image_tokens = IMG_START + IMG_CONTEXT * (self.tokens_per_tile * t.shape[0]) + IMG_END
-            texts.append(render_conversation(q, st, self.system_message).replace("<image>", image_tokens, 1))
+        texts = [render_query(q, st, self.tokens_per_tile * t.shape[0], self.system_message)
+                 for q, st, t in zip(questions, steps, tiles)]
         # tokenized as the original's tokenizer(query) (special tokens as the tokenizer adds them: none for Qwen2)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="right")
         ids, mask = enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
@@ -270,22 +279,74 @@ def _chat_tokenizer(source: str):
 
     The official tokenizer_config.json names `InternLM2Tokenizer` (tokenization_internlm2.py, hub code): AutoTokenizer
     would ask to run it. The fast tokenizer file holds the whole tokenizer (vocabulary, merges, added tokens, the
-    BOS template), so it is read as it is and no code from the folder runs."""
+    BOS template), so it is read as it is and no code from the folder runs. When the folder also has the
+    sentencepiece tokenizer.model that InternVL trains with (the slow `InternLM2Tokenizer`), the two must agree:
+    `_check_against_sentencepiece`."""
     from transformers import PreTrainedTokenizerFast
 
     from mmreward.checkpoints import load_files, resolve_files
 
     files = resolve_files(source, [], optional=["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                               "added_tokens.json"])
+                                               "added_tokens.json", "tokenizer.model"])
     if "tokenizer.json" not in files:
         raise CheckpointError(
             f"visual-prm: '{source}' has no tokenizer.json; its tokenizer is InternLM2's remote-code sentencepiece "
             "class, which this library does not run. Save its fast tokenizer into the folder once (on a machine "
-            "where you trust the repo: AutoTokenizer.from_pretrained(folder, trust_remote_code=True, use_fast=True)"
-            ".save_pretrained(folder)) or copy tokenizer.json from an InternVL2.5-8B '-hf' conversion that shares "
-            "its vocabulary and added tokens")
-    return load_files(lambda p: PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True),
-                      files["tokenizer.json"].parent, "tokenizer")
+            "where you trust the repo, with transformers 4 as InternVL pins it (4.37.2): AutoTokenizer.from_pretrained("
+            "folder, trust_remote_code=True, use_fast=True).save_pretrained(folder), which needs the hub's "
+            "tokenization_internlm2_fast.py) or copy tokenizer.json from an InternVL2.5-8B '-hf' conversion that "
+            "shares its vocabulary and added tokens")
+    tokenizer = load_files(lambda p: PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True),
+                           files["tokenizer.json"].parent, "tokenizer")
+    if "tokenizer.model" in files:
+        _check_against_sentencepiece(tokenizer, files["tokenizer.model"], source)
+    return tokenizer
+
+
+def _check_against_sentencepiece(tokenizer, model_file: Path, source: str) -> None:
+    """Make tokenizer.json give the ids of the slow InternLM2Tokenizer on tokenizer.model, or refuse it.
+
+    The slow class (OpenGVLab/InternVL@2410d1dbf208f0e799459aff9376e5747dbf41a2 internvl_chat/internvl/model/internlm2/
+    tokenization_internlm2.py) runs sentencepiece on each stretch of text between added tokens, with the model's own
+    normaliser. The fast one (tokenization_internlm2_fast.py there, `InternLM2Converter`) has no pre-tokenizer and the
+    normaliser [Prepend("▁") if add_dummy_prefix] + Replace(" ", "▁") on the same stretches: equal ids (checked in
+    tests/mmreward/test_visual_prm_tokenizer.py) unless the model also strips and collapses spaces
+    (remove_extra_whitespaces), which that normaliser does not do and which is added here in front of it, or maps
+    characters (e.g. NFKC), refused. So is any other normaliser, and a pre-tokenizer (e.g. a Metaspace that prepends
+    "▁" to the first stretch only)."""
+    import json
+
+    from tokenizers import Regex, normalizers
+
+    from mmreward.backbones.sentencepiece_spec import read_normalizer_spec
+
+    spec = read_normalizer_spec(model_file)
+    problems = []
+    if spec.has_charsmap:
+        problems.append(f"tokenizer.model normalises characters (rule {spec.name!r}) and tokenizer.json does not")
+    if not spec.escape_whitespaces:
+        problems.append("tokenizer.model keeps spaces unescaped (escape_whitespaces false) and tokenizer.json "
+                        "replaces them with '▁'")
+    converted = ([normalizers.Prepend("▁")] if spec.add_dummy_prefix else []) + [normalizers.Replace(" ", "▁")]
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    want = json.loads(normalizers.Sequence(converted).__getstate__())
+    if state.get("normalizer") != want:
+        problems.append(f"tokenizer.json's normalizer is {json.dumps(state.get('normalizer'), ensure_ascii=False)}, "
+                        f"not InternLM2's {json.dumps(want, ensure_ascii=False)} (add_dummy_prefix="
+                        f"{spec.add_dummy_prefix} in tokenizer.model)")
+    if state.get("pre_tokenizer") is not None:
+        problems.append(f"tokenizer.json has the pre-tokenizer {json.dumps(state['pre_tokenizer'], ensure_ascii=False)}"
+                        ", InternLM2's fast tokenizer has none")
+    if problems:
+        raise CheckpointError(
+            f"visual-prm: the tokenizer.json of '{source}' would not give the token ids of InternVL's slow "
+            f"InternLM2Tokenizer on its tokenizer.model: {'; '.join(problems)}. Use a tokenizer.json converted from "
+            "this tokenizer.model by InternLM2's own fast class (docs/mllm_reward_models.md, VisualPRM)")
+    if spec.remove_extra_whitespaces:
+        # sentencepiece (identity rule): runs of spaces become one, then a leading and a trailing one go; per stretch,
+        # before the dummy prefix (tokenizers' Prepend skips an emptied stretch, as sentencepiece does)
+        strip = [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex(r"\A | \z"), "")]
+        tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(strip + converted)
 
 
 def _load_official(source: str, raw: dict, weights: str):
