@@ -42,7 +42,7 @@ pytest.importorskip("transformers")
 
 from sentencepiece import sentencepiece_model_pb2 as spm_pb2  # noqa: E402 - after the skip
 
-from mmreward.backbones.sentencepiece_spec import parse_normalizer_spec  # noqa: E402
+from mmreward.backbones.sentencepiece_spec import parse_normalizer_spec, read_normalizer_spec  # noqa: E402
 from mmreward.errors import CheckpointError  # noqa: E402
 from mmreward.models import visual_prm as vp  # noqa: E402
 
@@ -259,7 +259,7 @@ def test_tokenizer_json_gives_the_slow_internlm2_ids_on_visual_prm_prompts(tmp_p
     assert marker == slow.encode(vp.ROLES[1] + vp.PLACEHOLDER + vp.SEP)[1:]
 
 
-def test_normalizer_spec_is_read_as_sentencepiece_reads_it():
+def test_normalizer_spec_is_read_as_sentencepiece_reads_it(tmp_path):
     for options in [{}, dict(add_dummy_prefix=False), dict(remove_extra_whitespaces=True),
                     dict(normalization_rule_name="nmt_nfkc")]:
         model = train_model(**options)
@@ -273,6 +273,11 @@ def test_normalizer_spec_is_read_as_sentencepiece_reads_it():
     # an empty NormalizerSpec means sentencepiece's defaults (the booleans true)
     bare = parse_normalizer_spec(bytes([0x1A, 0x00]))
     assert (bare.add_dummy_prefix, bare.remove_extra_whitespaces, bare.escape_whitespaces) == (True, True, True)
+    # a truncated file is a CheckpointError naming it
+    bad = tmp_path / "tokenizer.model"
+    bad.write_bytes(train_model()[:-3])
+    with pytest.raises(CheckpointError, match="not a readable sentencepiece model"):
+        read_normalizer_spec(bad)
 
 
 @pytest.mark.parametrize("case", ["nmt_nfkc", "dummy_prefix_mismatch", "metaspace"])
