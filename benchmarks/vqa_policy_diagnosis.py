@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from collections import Counter
 
 import torch
+
+from mmreward.synthetic.vqa_policy import shuffled_within_kind
 
 
 @torch.inference_mode()
@@ -42,18 +43,6 @@ def answer_log_probs(model, processor, items, images, batch: int = 100) -> torch
     finally:
         tok.padding_side = side
     return torch.cat(out)
-
-
-def shuffled_within_kind(items, images, seed: int = 0) -> list:
-    rng = random.Random(seed)
-    out = list(images)
-    for kind in {it.kind for it in items}:
-        idx = [i for i, it in enumerate(items) if it.kind == kind]
-        perm = idx[:]
-        rng.shuffle(perm)
-        for i, j in zip(idx, perm):
-            out[i] = images[j]
-    return out
 
 
 def per_kind(items, logp: torch.Tensor, answer_ids: torch.Tensor, temperature: float, group: int,

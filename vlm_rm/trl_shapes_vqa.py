@@ -67,6 +67,7 @@ class RecipeConfig:
     eval_every: int = 10
     seed: int = 0
     threads: int = 1
+    save_policy: bool = True  # write the trained policy to <out>/policy
 
     def kind_list(self) -> tuple[str, ...]:
         return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
@@ -146,7 +147,7 @@ class GoldMonitor(_trainer_callback_base()):
     same answers; `split_items` (the world's compositional held-out split) is tracked too, gold only."""
 
     def __init__(self, items, learned_fn=None, every: int = 20, split_items=(), image_size: int | None = None):
-        from mmreward.synthetic.vqa_policy import render_items
+        from mmreward.synthetic.vqa_policy import render_items, shuffled_within_kind
 
         self.items, self.learned_fn, self.every = items, learned_fn, every
         self.images, self.first = render_items(items, image_size)
@@ -157,6 +158,11 @@ class GoldMonitor(_trainer_callback_base()):
         self.answers: dict[int, list[str]] = {}
         self.correct: dict[int, torch.Tensor] = {}
         self.split_correct: dict[int, torch.Tensor] = {}
+        # the control: the same questions with another question's images of the same kind. What the policy gets
+        # right there it gets from the question text (the label prior); a gain that reads images shows up
+        # only on the true images, a gain in the prior shows up on both
+        self.shuffled_images = shuffled_within_kind(items, self.images)
+        self.shuffled_correct: dict[int, torch.Tensor] = {}
         self.t0 = time.time()
 
     def evaluate(self, model, processor, step: int) -> dict[str, Any]:
@@ -167,11 +173,14 @@ class GoldMonitor(_trainer_callback_base()):
         answers = generate_answers(model, processor, self.items, self.images)
         split_answers = (generate_answers(model, processor, self.split_items, self.split_images)
                          if self.split_items else None)
+        shuffled_answers = generate_answers(model, processor, self.items, self.shuffled_images)
         if was_training:
             model.train()
         correct = gold_correct(self.items, answers, self.first)
         acc, se = accuracy(correct)
         row: dict[str, Any] = {"step": step, "gold_accuracy": round(acc, 4), "gold_se": round(se, 4)}
+        self.shuffled_correct[step] = gold_correct(self.items, shuffled_answers, self.first)
+        row["shuffled_images_accuracy"] = round(accuracy(self.shuffled_correct[step])[0], 4)
         if self.learned_fn is not None:
             learned = torch.tensor(score_with(self.learned_fn, self.items, self.images, answers), dtype=torch.float32)
             row["learned_reward"] = round(float(learned.mean()), 4)
@@ -250,6 +259,28 @@ def build_trainer(cfg: RecipeConfig):
     return trainer, monitor
 
 
+def gain_statistics(before: torch.Tensor, after: torch.Tensor, shuffled_before: torch.Tensor,
+                    shuffled_after: torch.Tensor) -> dict[str, float]:
+    """Before/after statistics of 0/1 verdicts on the same n questions (true images, and the shuffled-image control).
+
+    gain: mean(after - before); gain_paired_se: the standard error of that mean difference; gain_unpaired_se: the
+    two binomial standard errors in quadrature; gain_in_se: gain / gain_unpaired_se. image_grounded_gain: the mean
+    over questions of (after - before) - (shuffled_after - shuffled_before), the gain the true image adds over the
+    question's words alone, and image_grounded_gain_se its standard error (paired: same questions)."""
+    from mmreward.synthetic.vqa_policy import accuracy
+
+    def mean_se(x: torch.Tensor) -> tuple[float, float]:
+        x = x.double()
+        return float(x.mean()), (float(x.std(unbiased=True)) / math.sqrt(x.numel()) if x.numel() > 1 else 0.0)
+
+    gain, paired_se = mean_se(after.double() - before.double())
+    unpaired_se = math.sqrt(accuracy(before)[1] ** 2 + accuracy(after)[1] ** 2)
+    grounded, grounded_se = mean_se(after.double() - before.double() - (shuffled_after.double() - shuffled_before.double()))
+    return {"gain": gain, "gain_paired_se": paired_se, "gain_unpaired_se": unpaired_se,
+            "gain_in_se": gain / max(unpaired_se, 1e-12), "image_grounded_gain": grounded,
+            "image_grounded_gain_se": grounded_se}
+
+
 def _cpu_seconds() -> float:
     import resource
 
@@ -273,16 +304,16 @@ def run(cfg: RecipeConfig) -> dict[str, Any]:
     wall, cpu = time.time() - t0, _cpu_seconds() - cpu0
     first, last = monitor.curve[0]["step"], monitor.curve[-1]["step"]
     c0, c1 = monitor.correct[first], monitor.correct[last]
-    diff = (c1 - c0).float()
-    gain = float(diff.mean())
-    paired_se = float(diff.std(unbiased=True) / math.sqrt(diff.numel())) if diff.numel() > 1 else float("nan")
-    unpaired_se = math.sqrt(accuracy(c0)[1] ** 2 + accuracy(c1)[1] ** 2)
+    s0, s1 = monitor.shuffled_correct[first], monitor.shuffled_correct[last]
+    stats = gain_statistics(c0, c1, s0, s1)
     train_logs = [{k: round(v, 4) if isinstance(v, float) else v for k, v in h.items()
                    if k == "step" or k.startswith("rewards/") or k in ("reward", "loss", "entropy")}
                   for h in trainer.state.log_history if "reward" in h]
-    per_kind = {k: {"before": round(float(c0[[i for i, it in enumerate(held) if it.kind == k]].mean()), 3),
-                    "after": round(float(c1[[i for i, it in enumerate(held) if it.kind == k]].mean()), 3)}
-                for k in sorted({it.kind for it in held})}
+    def kind_mean(correct: torch.Tensor, kind: str) -> float:
+        return round(float(correct[[i for i, it in enumerate(held) if it.kind == kind]].float().mean()), 3)
+
+    per_kind = {k: {"before": kind_mean(c0, k), "after": kind_mean(c1, k), "shuffled_before": kind_mean(s0, k),
+                    "shuffled_after": kind_mean(s1, k)} for k in sorted({it.kind for it in held})}
     examples = [{"kind": it.kind, "question": it.question, "truth": it.answer,
                  "before": monitor.answers[first][i], "after": monitor.answers[last][i]} for i, it in enumerate(held[:15])]
     changed = any(not torch.equal(p.detach(), before_params[n]) for n, p in trainer.model.named_parameters())
@@ -291,8 +322,9 @@ def run(cfg: RecipeConfig) -> dict[str, Any]:
         "reward_weights": trainer.args.reward_weights,
         "before": {"accuracy": monitor.curve[0]["gold_accuracy"], "se": monitor.curve[0]["gold_se"]},
         "after": {"accuracy": monitor.curve[-1]["gold_accuracy"], "se": monitor.curve[-1]["gold_se"]},
-        "gain": round(gain, 4), "gain_paired_se": round(paired_se, 4), "gain_unpaired_se": round(unpaired_se, 4),
-        "gain_in_se": round(gain / max(unpaired_se, 1e-12), 2), "per_kind": per_kind, "curve": monitor.curve,
+        **{k: round(v, 4) for k, v in stats.items()},
+        "shuffled_images": {"before": accuracy(s0)[0], "after": accuracy(s1)[0]},
+        "per_kind": per_kind, "curve": monitor.curve,
         "train_log": train_logs, "examples": examples, "parameters_changed": changed,
         "steps": trainer.state.global_step, "wall_seconds": round(wall, 1), "setup_seconds": round(setup_s, 1),
         "cpu_seconds": round(cpu, 1), "threads": cfg.threads, "n_eval": len(held),
@@ -301,10 +333,14 @@ def run(cfg: RecipeConfig) -> dict[str, Any]:
                           if monitor.split_items else None),
         "load_average_at_end": [round(x, 1) for x in _loadavg()],
     }
+    if cfg.save_policy:  # the trained policy, loadable like the shipped one (and by the diagnosis benchmark)
+        trainer.model.save_pretrained(str(out / "policy"))
+        trainer.processing_class.save_pretrained(str(out / "policy"))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     plot_curve(metrics, out / "curve.png")
     print(f"test accuracy {metrics['before']['accuracy']:.3f} -> {metrics['after']['accuracy']:.3f} "
-          f"(gain {gain:+.3f}, {metrics['gain_in_se']:.1f} SE) in {wall / 60:.1f} min wall, "
+          f"(gain {stats['gain']:+.3f}, {stats['gain_in_se']:.1f} SE; image-grounded "
+          f"{stats['image_grounded_gain']:+.3f} +- {stats['image_grounded_gain_se']:.3f}) in {wall / 60:.1f} min wall, "
           f"{cpu / 60:.1f} min of CPU", flush=True)
     return metrics
 
@@ -387,7 +423,10 @@ def markdown_summary(metrics: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for k, v in asdict(RecipeConfig()).items():
-        parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+        if isinstance(v, bool):
+            parser.add_argument(f"--{k.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=v)
+        else:
+            parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
     args = parser.parse_args(argv)
     try:
         run(RecipeConfig(**vars(args)))

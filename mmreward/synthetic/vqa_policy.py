@@ -5,6 +5,7 @@ and the TRL recipe (`vlm_rm.trl_shapes_vqa`), so the library never imports an as
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,3 +96,18 @@ def eval_items(n: int, split: str = "heldout", seed: int = 1, kinds: Sequence[st
     from mmreward.synthetic.vqa import make_questions
 
     return make_questions(n, seed=seed, split=split, kinds=tuple(kinds))
+
+
+def shuffled_within_kind(items, images: Sequence[Any], seed: int = 0) -> list:
+    """`images` re-dealt among the items of each kind (a seeded permutation per kind): every question gets the
+    images of another question of its kind. Accuracy on these is what the question text alone earns (the
+    label prior); a policy that reads the image loses accuracy here, one that does not keeps it."""
+    rng = random.Random(seed)
+    out = list(images)
+    for kind in sorted({it.kind for it in items}):
+        idx = [i for i, it in enumerate(items) if it.kind == kind]
+        perm = idx[:]
+        rng.shuffle(perm)
+        for i, j in zip(idx, perm):
+            out[i] = images[j]
+    return out

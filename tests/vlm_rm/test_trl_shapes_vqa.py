@@ -126,3 +126,19 @@ def test_full_recipe_raises_held_out_accuracy(tmp_path):
     metrics = run(RecipeConfig(out=str(tmp_path)))
     assert metrics["gain"] >= 0.10, metrics["curve"]
     assert metrics["gain"] >= 3 * metrics["gain_unpaired_se"], metrics["curve"]
+
+
+def test_gain_statistics_match_a_hand_computation():
+    from vlm_rm.trl_shapes_vqa import gain_statistics
+
+    # 4 questions: true images 0,1,0,1 -> 1,1,1,1; shuffled images 0,0,0,1 -> 1,0,0,1
+    before, after = torch.tensor([0, 1, 0, 1]), torch.tensor([1, 1, 1, 1])
+    sh_before, sh_after = torch.tensor([0, 0, 0, 1]), torch.tensor([1, 0, 0, 1])
+    out = gain_statistics(before, after, sh_before, sh_after)
+    # per-question gains 1,0,1,0: mean 0.5, sample sd sqrt(1/3), se sqrt(1/3)/2
+    assert out["gain"] == pytest.approx(0.5) and out["gain_paired_se"] == pytest.approx(math.sqrt(1 / 3) / 2)
+    # binomial SEs: before p=0.5 -> sqrt(0.25/4); after p=1 -> 0 (floored at 1e-12 variance)
+    assert out["gain_unpaired_se"] == pytest.approx(0.25, rel=1e-4)
+    assert out["gain_in_se"] == pytest.approx(2.0, rel=1e-4)
+    # grounded per question: (1-1), (0-0), (1-0), (0-0) = 0,0,1,0: mean 0.25, sd sqrt(0.25), se 0.25
+    assert out["image_grounded_gain"] == pytest.approx(0.25) and out["image_grounded_gain_se"] == pytest.approx(0.25)

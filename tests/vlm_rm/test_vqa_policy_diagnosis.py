@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks.vqa_policy_diagnosis import _linear_probe, per_kind, shuffled_within_kind
+from benchmarks.vqa_policy_diagnosis import _linear_probe, per_kind
+from mmreward.synthetic.vqa_policy import shuffled_within_kind
 
 
 def test_per_kind_matches_a_hand_computation():
