@@ -18,6 +18,7 @@ from mmreward.errors import ConfigError
 from tests._helpers.inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.train_checks import assert_resumed_equals_straight, tiny_video
 from tests._helpers.two_process import assert_two_processes_match_one, one_and_two_process_runs
 
 
@@ -132,9 +133,7 @@ def test_one_awm_iteration_trains_tiny_pipelines(kind, tmp_path, tiny_pipeline_d
 def test_one_awm_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_dir, monkeypatch):
     from diffusion_rl.trainer import Trainer
 
-    cfg = _awm_config("wan", tmp_path, tiny_pipeline_dir)
-    cfg.model.height = cfg.model.width = 32
-    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    cfg = tiny_video(_awm_config("wan", tmp_path, tiny_pipeline_dir))
     cfg.sample.group_size, cfg.sample.batch_size = 3, 6
     trainer = Trainer(cfg)
     _check_one_iteration(trainer, monkeypatch)
@@ -147,9 +146,6 @@ def test_interrupted_and_resumed_awm_run_equals_an_uninterrupted_one(tmp_path, t
     minibatches, so the second step's ratio sees a moved policy."""
     from diffusion_rl.trainer import Trainer
 
-    def without_times(history):
-        return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
-
     extra = {"num_minibatches": 2, "micro_batch_size": 3}
     straight = Trainer(_awm_config("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2, **extra))
     straight.fit()
@@ -160,9 +156,7 @@ def test_interrupted_and_resumed_awm_run_equals_an_uninterrupted_one(tmp_path, t
                                   **extra))
     assert resumed.iteration == 1
     resumed.fit()
-    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
-        assert torch.equal(a, b)
-    assert without_times(resumed.history) == without_times(straight.history)
+    assert_resumed_equals_straight(straight, resumed)
     assert straight.history[-1]["train/grad_norm"] > 0 and straight.history[-1]["awm/kl"] > 0  # it moved
 
 

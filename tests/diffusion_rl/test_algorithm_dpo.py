@@ -20,6 +20,7 @@ from diffusion_rl.config import from_dict
 from mmreward.errors import ConfigError
 from tests._helpers.inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.train_checks import assert_resumed_equals_straight, tiny_video, train_one_iteration
 from tests._helpers.two_process import (
     FOUR_PROMPTS,
     assert_trained_params_match,
@@ -146,9 +147,6 @@ def test_interrupted_and_resumed_dpo_run_equals_an_uninterrupted_one(tmp_path, t
     """1 iteration, checkpoint, resume for 1 more == 2 straight: parameters and every metric, bit for bit."""
     from diffusion_rl.trainer import Trainer
 
-    def without_times(history):
-        return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
-
     straight = Trainer(_dpo_config("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2))
     straight.fit()
     first = Trainer(_dpo_config("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=1))
@@ -157,9 +155,7 @@ def test_interrupted_and_resumed_dpo_run_equals_an_uninterrupted_one(tmp_path, t
     resumed = Trainer(_dpo_config("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=2, resume_from=str(ckpt)))
     assert resumed.iteration == 1
     resumed.fit()
-    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
-        assert torch.equal(a, b)
-    assert without_times(resumed.history) == without_times(straight.history)
+    assert_resumed_equals_straight(straight, resumed)
     assert straight.history[-1]["train/loss"] != pytest.approx(math.log(2.0))  # the second iteration trained a moved LoRA
 
 
@@ -167,15 +163,11 @@ def test_one_dpo_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline_
     """Wan (text-to-video): pairs of clips, one shared (t, eps) per pair; policy == reference at the start."""
     from diffusion_rl.trainer import Trainer
 
-    cfg = _dpo_config("wan", tmp_path, tiny_pipeline_dir)
-    cfg.model.height = cfg.model.width = 32
-    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    cfg = tiny_video(_dpo_config("wan", tmp_path, tiny_pipeline_dir))
     cfg.sample.group_size, cfg.sample.batch_size = 2, 4
     trainer = Trainer(cfg)
-    before = [p.detach().clone() for p in trainer.trainable]
-    metrics = trainer.train_iteration(0)
+    metrics = train_one_iteration(trainer)
     assert metrics["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5) and metrics["train/grad_norm"] > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
     assert trainer.last_images.shape == (4, 9, 3, 32, 32)
 
 
@@ -340,9 +332,7 @@ def test_one_offline_dpo_iteration_trains_tiny_flux_and_refuses_a_video_pipeline
     assert metrics["train/loss"] == pytest.approx(math.log(2.0), rel=1e-5) and metrics["train/grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable))
     assert trainer.last_images.shape == (2, 3, 16, 16)  # the chosen images of the iteration's first micro-batch
-    cfg = from_dict(_offline_dict("wan", tmp_path, tiny_pipeline_dir, pairs))
-    cfg.model.height = cfg.model.width = 32
-    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
+    cfg = tiny_video(from_dict(_offline_dict("wan", tmp_path, tiny_pipeline_dir, pairs)))
     with pytest.raises(ConfigError, match="SD3 or FLUX"):
         Trainer(cfg).train_iteration(0)
 
@@ -373,10 +363,7 @@ def test_offline_dpo_resumes_bit_exact_and_two_processes_equal_one(tmp_path, tin
     straight = run("a", iterations=2)
     run("b", iterations=1)
     resumed = run("b", iterations=2, resume_from=str(tmp_path / "b" / "sd3" / "checkpoints" / "iter_000001"))
-    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
-        assert torch.equal(a, b)
-    strip = [{k: v for k, v in h.items() if not k.startswith("time/")} for h in straight.history]
-    assert [{k: v for k, v in h.items() if not k.startswith("time/")} for h in resumed.history] == strip
+    assert_resumed_equals_straight(straight, resumed)
 
     cfg = _offline_dict("sd3", tmp_path / "dp2", tiny_pipeline_dir, pairs)
     path = tmp_path / "dp.yaml"

@@ -32,6 +32,7 @@ from diffusion_rl.pipelines import make_adapter
 from mmreward.errors import ConfigError
 from tests._helpers.inference_fixtures import one_thread  # noqa: F401 - shared fixtures
 from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.train_checks import assert_resumed_equals_straight, tiny_video
 from tests._helpers.two_process import assert_two_processes_match_one, one_and_two_process_runs
 
 
@@ -225,10 +226,7 @@ def test_one_refl_iteration_trains_a_tiny_video_pipeline(tmp_path, tiny_pipeline
     """Wan decodes differentiably (keep_graph): ReFL's reward gradient reaches the LoRA through the video VAE."""
     from diffusion_rl.trainer import Trainer
 
-    cfg = _refl_config("wan", tmp_path, tiny_pipeline_dir)
-    cfg.model.height = cfg.model.width = 32
-    cfg.model.num_frames, cfg.model.max_sequence_length = 9, 16
-    _check_one_iteration(Trainer(cfg), (4, 9, 3, 32, 32))
+    _check_one_iteration(Trainer(tiny_video(_refl_config("wan", tmp_path, tiny_pipeline_dir))), (4, 9, 3, 32, 32))
 
 
 def test_reward_independent_of_the_image_gives_zero_gradient(tmp_path, tiny_pipeline_dir):
@@ -267,9 +265,6 @@ def test_interrupted_and_resumed_refl_run_equals_an_uninterrupted_one(tmp_path, 
     """1 iteration, checkpoint, resume for 1 more == 2 straight: parameters and every metric, bit for bit."""
     from diffusion_rl.trainer import Trainer
 
-    def without_times(history):
-        return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
-
     rng = {"refl": {"step_range": [0.0, 1.0]}}  # the grad step varies between iterations
     straight = Trainer(_refl_config("sd3", tmp_path / "a", tiny_pipeline_dir, iterations=2, **rng))
     straight.fit()
@@ -279,9 +274,7 @@ def test_interrupted_and_resumed_refl_run_equals_an_uninterrupted_one(tmp_path, 
     resumed = Trainer(_refl_config("sd3", tmp_path / "b", tiny_pipeline_dir, iterations=2, resume_from=str(ckpt), **rng))
     assert resumed.iteration == 1
     resumed.fit()
-    for a, b in zip(straight.trainable, resumed.trainable, strict=True):
-        assert torch.equal(a, b)
-    assert without_times(resumed.history) == without_times(straight.history)
+    assert_resumed_equals_straight(straight, resumed)
 
 
 def test_direct_align_recovery_matches_srpo_and_is_exact_for_a_perfect_velocity():
