@@ -29,6 +29,7 @@ diagnosis of `benchmarks/vqa_policy_diagnosis.py`): docs/results/trl_shapes_vqa.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import time
@@ -64,6 +65,10 @@ class RecipeConfig:
     # did not move (three seeds; docs/results/trl_shapes_vqa.md)
     kinds: str = "shape,color"
     train_kinds: str = ""  # kinds of the training questions when they differ from the evaluated `kinds`
+    # the world's splits the training questions come from. "train" keeps the compositional held-out split out of
+    # training; "train,heldout" trains on both, which takes away the label prior the split leaves in the
+    # training questions (no training question answers "What shape is the red object?" with "triangle")
+    train_splits: str = "train"
     eval_every: int = 10
     seed: int = 0
     threads: int = 1
@@ -74,6 +79,9 @@ class RecipeConfig:
 
     def train_kind_list(self) -> tuple[str, ...]:
         return tuple(k.strip() for k in self.train_kinds.split(",") if k.strip()) or self.kind_list()
+
+    def train_split_list(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.train_splits.split(",") if k.strip())
 
     def check(self) -> None:
         for key in ("max_steps", "prompts_per_step", "num_generations", "max_completion_length", "train_questions",
@@ -92,6 +100,10 @@ class RecipeConfig:
             if not kinds or any(k not in POLICY_KINDS for k in kinds):
                 raise ConfigError(f"trl_shapes_vqa: {key} must be a comma-separated subset of {POLICY_KINDS}, "
                                   f"got {getattr(self, key)!r}")
+        splits = self.train_split_list()
+        if not splits or any(k not in ("train", "heldout") for k in splits) or len(set(splits)) != len(splits):
+            raise ConfigError(f"trl_shapes_vqa: train_splits must be 'train', 'heldout' or 'train,heldout', "
+                              f"got {self.train_splits!r}")
         if not (self.learning_rate > 0 and self.temperature > 0):
             raise ConfigError("trl_shapes_vqa: learning_rate and temperature must be > 0")
 
@@ -212,7 +224,12 @@ def training_rows(cfg: RecipeConfig, image_size: int | None = None):
     from mmreward.synthetic.vqa_policy import IMAGE_SIZE, render_items
 
     size = image_size or IMAGE_SIZE
-    items = make_questions(cfg.train_questions, seed=100 + cfg.seed, split="train", kinds=cfg.train_kind_list())
+    splits = cfg.train_split_list()
+    share = [cfg.train_questions // len(splits) + (i < cfg.train_questions % len(splits)) for i in range(len(splits))]
+    # interleaved, so that every stretch of the shuffled dataset mixes the splits the same way
+    parts = [make_questions(n, seed=100 + cfg.seed, split=sp, kinds=cfg.train_kind_list())
+             for n, sp in zip(share, splits)]
+    items = [it for group in itertools.zip_longest(*parts) for it in group if it is not None]
     return to_trl_rows(items, size=size, answer_format=False, images=render_items(items, size)[0])
 
 

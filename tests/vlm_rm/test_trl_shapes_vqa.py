@@ -78,6 +78,23 @@ def test_training_questions_follow_train_kinds_and_the_given_image_size():
         "count", "which", "count", "which", "count"]  # no train_kinds: the evaluated kinds
 
 
+def test_training_questions_can_come_from_both_splits():
+    from mmreward.synthetic.prompts import HELD_OUT_PAIRS
+    from vlm_rm.trl_shapes_vqa import RecipeConfig, training_rows
+
+    def held_out(row) -> bool:  # a colour question's (answer, shape) or a shape question's (colour, answer)
+        words = row["question"].rstrip("?").split()
+        shape = words[-1] if row["kind"] == "color" else row["answer"]
+        colour = row["answer"] if row["kind"] == "color" else words[4]
+        return (colour, shape) in HELD_OUT_PAIRS
+
+    rows = training_rows(RecipeConfig(train_questions=40, kinds="color,shape", train_splits="train,heldout"), 56)
+    assert len(rows) == 40 and [held_out(r) for r in rows] == [False, True] * 20  # interleaved, 20 of each
+    assert not any(held_out(r) for r in training_rows(RecipeConfig(train_questions=20, kinds="color,shape"), 56))
+    with pytest.raises(ConfigError, match="train_splits"):
+        RecipeConfig(train_splits="train,test").check()
+
+
 def test_two_grpo_steps_reach_trl_change_the_policy_and_gold_matches(tmp_path):
     pytest.importorskip("trl")
     from mmreward.synthetic.prompts import COLORS, SHAPES
