@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -128,36 +128,41 @@ def edit_row(value: Mapping[str, Any], where: str, base_dir: Path | None) -> tup
 
 
 @lru_cache(maxsize=256)
-def _read_source(path: str, mtime_ns: int) -> torch.Tensor:
+def _read_source(path: str, mtime_ns: int, alpha: Literal["drop", "keep"] = "drop") -> torch.Tensor:
     from mmreward.media import read_image
 
-    return read_image(path)
+    return read_image(path, alpha=alpha)
 
 
-def load_source_image(source: Any) -> torch.Tensor:
-    """(3, H, W) float in [0, 1] from a path (cached by path and modification time) or an image tensor."""
+def load_source_image(source: Any, alpha: Literal["drop", "keep"] = "drop") -> torch.Tensor:
+    """(3, H, W) float in [0, 1] from a path (cached by path and modification time) or an image tensor.
+
+    `alpha`: as `mmreward.media.load_image`; "keep" (a reward's `media_alpha`) returns a transparent RGBA
+    source as (4, H, W) for rewards whose original composites it itself."""
     if isinstance(source, torch.Tensor):
         from mmreward.media import load_image
 
-        return load_image(source)
+        return load_image(source, alpha=alpha)
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
         if not p.is_file():
             raise RewardInputError(f"source_image: {str(p)!r} does not exist")
-        return _read_source(str(p), p.stat().st_mtime_ns).clone()
+        return _read_source(str(p), p.stat().st_mtime_ns, alpha).clone()
     raise RewardInputError(f"source_image: expected a path or a (3, H, W) tensor, got {type(source).__name__}")
 
 
-def source_image_list(metadata: Sequence[Mapping[str, Any]] | None, n: int, reward: str) -> list[torch.Tensor]:
+def source_image_list(metadata: Sequence[Mapping[str, Any]] | None, n: int, reward: str,
+                      alpha: Literal["drop", "keep"] = "drop") -> list[torch.Tensor]:
     """Each item's source image, (3, H, W) in [0, 1] at its own size, from per-item metadata
-    ({"source_image": path or tensor}); an edit reward called without it is told how to pass it."""
+    ({"source_image": path or tensor}); an edit reward called without it is told how to pass it.
+    `alpha`: see `load_source_image`."""
     if metadata is None or len(metadata) != n or any(SOURCE_KEY not in m for m in metadata):
         raise RewardInputError(
             f"{reward} scores image edits and needs each item's source image: pass metadata=[{{'source_image': "
             "path or (3, H, W) tensor}, ...] (one per item), or train on edit records ({\"source_image\", "
             "\"instruction\"} rows), whose metadata carries it"
         )
-    return [load_source_image(m[SOURCE_KEY]) for m in metadata]
+    return [load_source_image(m[SOURCE_KEY], alpha) for m in metadata]
 
 
 def source_images(metadata: Sequence[Mapping[str, Any]] | None, n: int, reward: str,

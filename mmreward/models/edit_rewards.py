@@ -36,6 +36,10 @@ its README):
 - decoding as the official (editscore/mllm_tools/qwen25vl.py): sampling at `temperature` (0.7) with top-p 0.9,
   top-k 20, the seed set before each of the SC and PQ calls, `num_pass` passes averaged ('average_last'), seeds
   seed + pass; images resized as its qwen_vl_utils does (Pillow's bicubic on 8-bit values, 4..16384 patches).
+- transparent images (edited and source): qwen_vl_utils' `to_rgb` pastes an RGBA image on white before the
+  resize (every release from 0.0.9 to 0.0.14, read from the PyPI wheels; EditScore's pyproject.toml @ 35ddc1a
+  requires `qwen-vl-utils` unpinned and its README passes `Image.open` PNGs straight to `evaluate`), so we
+  composite on white in Pillow's 8-bit arithmetic too (`paste_on_white`), not drop alpha.
   temperature=0 gives greedy, deterministic rewards. Over HTTP top-p/top-k are the server's.
 - weights: the base Qwen2.5-VL-7B-Instruct plus the EditScore LoRA adapter (EditScore/EditScore-7B), merged
   with peft after a strict key check; or a served merged model (backend='openai').
@@ -264,6 +268,17 @@ class EditScore(Reward):
         params = inspect.signature(backend.generate).parameters
         self._sampling = {k: v for k, v in (("top_p", 0.9), ("top_k", 20)) if k in params}
 
+    @property
+    def image_alpha(self) -> str:
+        # keep RGBA's alpha through `prepare`: the original's qwen_vl_utils composites it on white (`_on_white`)
+        return "white_background"
+
+    @staticmethod
+    def _on_white(image: torch.Tensor) -> torch.Tensor:
+        from mmreward.models.skywork_vl_reward import paste_on_white
+
+        return paste_on_white(image) if image.shape[0] == 4 else image
+
     def requests(self, instructions, sources, edited):
         """The (SC, PQ) judge requests of a batch, in the official layout."""
         from mmreward.judges.backends import JudgeRequest
@@ -280,8 +295,8 @@ class EditScore(Reward):
         return scores
 
     def _score(self, prompts, media, metadata=None):
-        sources = source_image_list(metadata, len(prompts), self.name)
-        sc_req, pq_req = self.requests(prompts, sources, list(media))
+        sources = [self._on_white(s) for s in source_image_list(metadata, len(prompts), self.name, self.media_alpha)]
+        sc_req, pq_req = self.requests(prompts, sources, [self._on_white(m) for m in media])
         unit = self.score_range / 10
         nan = float("nan")
         passes = []  # per pass: (follow, consistency, SC, PQ, overall), each (B,)

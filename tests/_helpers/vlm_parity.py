@@ -5,7 +5,7 @@
   PaCo-RL's vLLM server) all call. Transcribed once here; the switches name where the originals' copies differ,
   and each test passes the ones its original uses;
 - `spy_on_generate`: records what a judge hands its model's `generate`;
-- `write_image_files` / `smooth_images`: the tests' input images.
+- `write_image_files` / `smooth_images` / `smooth_rgba`: the tests' input images.
 
 Each test keeps its own transcription of its original's prompt, request and scoring code, its own inputs and its
 own tolerances. Nothing here imports mmreward (a reference must not go through the code it checks).
@@ -31,7 +31,7 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = MI
                  max_pixels: int = MAX_PIXELS, *, floor_rounded_at_one_patch: bool = True,
                  floor_shrunk_at_one_patch: bool = False) -> tuple[int, int]:
     """qwen_vl_utils vision_process.py `smart_resize`: each side rounded to a multiple of `factor`, then scaled
-    (aspect kept) into [min_pixels, max_pixels]. The defaults are the released qwen-vl-utils 0.0.10 to 0.0.14
+    (aspect kept) into [min_pixels, max_pixels]. The defaults are the released qwen-vl-utils 0.0.8 to 0.0.14
     (read from the PyPI wheels): the rounded sides floored at one patch, the shrunk ones not.
 
     floor_shrunk_at_one_patch: `max(factor, floor_by_factor(...))` in the shrink branch, as in the later
@@ -60,9 +60,12 @@ def fetch_image(image: Image.Image | str | os.PathLike, *, rgba_on_white: bool, 
     """qwen_vl_utils `fetch_image` for a PIL image or a file path: to RGB, `smart_resize`, then Pillow's default
     `Image.resize` (bicubic for RGB).
 
-    rgba_on_white=True: `to_rgb` (RGBA composited on white, as the released wheels do); False: plain
-    `convert("RGB")` (alpha dropped), as the EditScore, UnifiedReward and VQAScore tests transcribe it; the two
-    agree on every image without alpha."""
+    rgba_on_white=True: `to_rgb`, an RGBA image pasted on white with its alpha as the mask (every other mode
+    `convert("RGB")`), as qwen-vl-utils 0.0.9 to 0.0.14 do (read from the PyPI wheels 0.0.9, 0.0.10, 0.0.11,
+    0.0.13, 0.0.14: vision_process.py `to_rgb`; what EditScore, R1-Reward and Skywork-VL-Reward get, which
+    require qwen-vl-utils unpinned); False: plain `convert("RGB")` (alpha dropped), as qwen-vl-utils 0.0.8 does
+    (its wheel: `image = image_obj.convert("RGB")`), the version UnifiedReward's README @ ff6f520 pins for its
+    in-process Qwen2.5-VL scripts. The two agree on every image without alpha."""
     if isinstance(image, (str, os.PathLike)):
         image = Image.open(image)
     if rgba_on_white and image.mode == "RGBA":
@@ -114,6 +117,15 @@ def write_image_files(folder: Path, specs: Sequence[tuple[str, str, tuple[int, .
         Image.fromarray(arr, mode).save(folder / name)
         paths.append(str(folder / name))
     return paths
+
+
+def smooth_rgba(seed: int, height: int = 60, width: int = 90) -> Image.Image:
+    """An RGBA image of 8x8-pixel random colour blocks whose alpha runs from 0 (left column) to 255 (right
+    column): partly transparent, so every alpha convention (dropped, composited on white) gives other pixels."""
+    rng = np.random.default_rng(seed)
+    rgb = np.kron(rng.random((height // 8 + 1, width // 8 + 1, 3)), np.ones((8, 8, 1)))[:height, :width]
+    alpha = np.broadcast_to(np.linspace(0, 255, width).round()[None, :, None], (height, width, 1))
+    return Image.fromarray(np.concatenate([(rgb * 255).astype(np.uint8), alpha.astype(np.uint8)], -1), "RGBA")
 
 
 def smooth_images(seed: int) -> tuple[Image.Image, Image.Image, Image.Image]:

@@ -8,12 +8,18 @@ The reference is transcribed from VectorSpaceLab/EditScore (never through mmrewa
   PQ request = [edited] + PQ prompt; SC = min(SC scores) / (range / 10), PQ likewise, overall = sqrt(SC * PQ);
 - editscore/mllm_tools/qwen25vl.py @ 389008c `Qwen25VL` (backbone 'qwen25vl'): `PeftModel.from_pretrained(...)
   .merge_and_unload()`, the hand-written chat template ('<img1>: <|vision_start|><|image_pad|><|vision_end|>'...
-  after Qwen's default system turn), qwen_vl_utils' `process_vision_info` (qwen-vl-utils 0.0.10 = QwenLM/Qwen2.5-VL
-  @ f0af299 `fetch_image`: convert("RGB"), smart_resize with 4..16384 patches of 28x28, Pillow's default bicubic),
-  the processor call, then `set_seed(seed)` and `generate(do_sample=True, temperature=0.7, top_p=0.9, top_k=20)`,
+  after Qwen's default system turn), qwen_vl_utils' `process_vision_info` (`fetch_image`: `to_rgb`, which pastes
+  an RGBA image on white, smart_resize with 4..16384 patches of 28x28, Pillow's default bicubic), the processor
+  call, then `set_seed(seed)` and `generate(do_sample=True, temperature=0.7, top_p=0.9, top_k=20)`,
   seed = 42 + pass, set again before each of the SC and PQ calls; decoded with skip_special_tokens, stripped.
 The random model writes no JSON verdict, so the score itself is compared on canned answers run through both
 combinations (the official `min / (range / 10)`, `sqrt` transcribed here; our parser on the official answer shape).
+
+Which qwen-vl-utils: EditScore's pyproject.toml @ 35ddc1a requires `qwen-vl-utils` unpinned (@ 389008c nothing
+lists it), and its README hands `Image.open` PNGs to `evaluate` as they are. Every release since 0.0.9 (PyPI wheels
+0.0.9 to 0.0.14 read) composites RGBA on white in `to_rgb`; 0.0.8 and older `convert("RGB")`, which no install of
+EditScore (Sep 2025 on) picks. So the reference composites (`rgba_on_white=True`), and the RGBA pair checks that
+dropping alpha instead would not pass.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
-from tests._helpers.vlm_parity import fetch_image, smooth_images, spy_on_generate
+from tests._helpers.vlm_parity import fetch_image, smooth_images, smooth_rgba, spy_on_generate
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -37,7 +43,7 @@ Image = pytest.importorskip("PIL.Image")
 pytestmark = pytest.mark.parity
 
 ES = "VectorSpaceLab/EditScore@35ddc1a (editscore/__init__.py) + @389008c (mllm_tools/qwen25vl.py)"
-CASES = ("RGB", "grayscale", "odd size")
+CASES = ("RGB", "grayscale", "odd size", "RGBA (alpha 0-255) source and edited")
 GEN_TOKENS = 12  # the tiny random model never stops; both sides generate this many (the original allows 512)
 SEED = 42  # EditScore's default seed
 
@@ -70,11 +76,12 @@ class _Qwen25VL:
         self.processor = AutoProcessor.from_pretrained(base)
         self.temperature = temperature
 
-    def prepare_input(self, images, text_prompt):
+    def prepare_input(self, images, text_prompt, rgba_on_white=True):
+        """rgba_on_white: qwen_vl_utils' `to_rgb` (the releases EditScore installs); False: the alternative
+        (alpha dropped), only to show that the RGBA inputs tell the two apart."""
         images = images if isinstance(images, list) else [images]
         text = _apply_chat_template(text_prompt, num_images=len(images))
-        # qwen_vl_utils 0.0.10 fetch_image as transcribed here: convert("RGB") (no RGBA input below)
-        fetched = [fetch_image(im, rgba_on_white=False) for im in images]
+        fetched = [fetch_image(im, rgba_on_white=rgba_on_white) for im in images]
         return self.processor(text=[text], images=fetched, videos=None, padding=True, return_tensors="pt")
 
     def inference(self, inputs, seed):
@@ -117,14 +124,16 @@ def model_dirs(tmp_path_factory):
 
 
 def _images(tmp_path):
+    """RGB, grayscale, odd-size RGB and two partly transparent RGBA PNGs (60x90, 45x70)."""
     paths = []
-    for name, im in zip(("rgb", "gray", "odd"), smooth_images(seed=4)):
+    images = (*smooth_images(seed=4), smooth_rgba(seed=5), smooth_rgba(seed=6, height=45, width=70))
+    for name, im in zip(("rgb", "gray", "odd", "rgba", "rgba_small"), images):
         paths.append(tmp_path / f"{name}.png")
         im.save(paths[-1])
     return paths
 
 
-@pytest.mark.parametrize("pair", [(0, 2), (1, 0)])
+@pytest.mark.parametrize("pair", [(0, 2), (1, 0), (3, 4)])
 def test_editscore_requests_and_sampling_are_the_originals(model_dirs, tmp_path, pair):
     base, lora = model_dirs
     paths = _images(tmp_path)
@@ -150,11 +159,13 @@ def test_editscore_requests_and_sampling_are_the_originals(model_dirs, tmp_path,
         assert kwargs["image_grid_thw"].tolist() == ref_in["image_grid_thw"].tolist()
         record_parity("editscore", original=f"{ES} {what} request pixels", how="transcribed",
                       actual=kwargs["pixel_values"], expected=ref_in["pixel_values"], cases=CASES,
-                      not_checked="RGBA (qwen_vl_utils 0.0.10's convert('RGB') drops alpha); bf16 on CUDA (both "
-                      "sides run float32 on CPU); the verdict of real weights (random weights write no JSON: the "
-                      "score arithmetic is checked on canned answers)")
+                      not_checked="bf16 on CUDA (both sides run float32 on CPU); the verdict of real weights "
+                      "(random weights write no JSON: the score arithmetic is checked on canned answers)")
         assert_close_scaled(kwargs["pixel_values"], ref_in["pixel_values"], rel=1e-6)
         assert ours_new[0].tolist() == ref_new.tolist(), f"{what}: sampled generations differ"
+    if pair == (3, 4):  # the RGBA inputs separate the conventions: alpha dropped would be far off
+        dropped = ref.prepare_input([Image.open(source), Image.open(edited)], "x", rgba_on_white=False)
+        assert (dropped["pixel_values"] - sc_in["pixel_values"]).abs().max() > 0.5
     assert out.rationales[0] == f"SC: {sc_text}\n\nPQ: {pq_text}", (repr(out.rationales[0]), repr(sc_text), repr(pq_text))
 
 
