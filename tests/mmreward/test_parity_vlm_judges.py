@@ -8,10 +8,16 @@ The references are transcribed from CodeGoat24/UnifiedReward @ ff6f520 (never th
 - inference_qwen/UnifiedReward-2.0-inference/point_score_ACS_image_generation.py (UnifiedReward-2.0, pointwise:
   the same messages, sent to its vLLM server; here run in-process as the other scripts run).
 Each builds the user turn (images first, then the text), `processor.apply_chat_template(..., add_generation_prompt=
-True)`, qwen_vl_utils' `process_vision_info` (qwen-vl-utils 0.0.10 = QwenLM/Qwen2.5-VL @ f0af299 vision_process.py
-`fetch_image`: convert("RGB"), smart_resize with 4..16384 patches of 28x28, Pillow's default bicubic resize), the
-processor call, then greedy `model.generate`. We compare what reaches `generate` (token ids exactly, pixel values)
-and the generated tokens. The random model writes no verdict, so the parsed score is compared on canned answers.
+True)`, qwen_vl_utils' `process_vision_info` (`fetch_image`: to RGB, smart_resize with 4..16384 patches of 28x28,
+Pillow's default bicubic resize), the processor call, then greedy `model.generate`. We compare what reaches
+`generate` (token ids exactly, pixel values) and the generated tokens. The random model writes no verdict, so the
+parsed score is compared on canned answers.
+
+Transparent images lose their alpha in every one of these paths (the RGBA cases check it, and that compositing on
+white instead would not pass): the README @ ff6f520 (since 4d1015a) installs `qwen-vl-utils[decord]==0.0.8` for the
+in-process Qwen2.5-VL scripts, whose `fetch_image` is `image_obj.convert("RGB")` (read from the PyPI wheel; 0.0.9 and
+later composite RGBA on white in `to_rgb`); the pointwise 2.0 script's `_encode_image` calls `img.convert("RGB")`
+before its JPEG for the vLLM server (whose environment gets qwen-vl-utils 0.0.14, on an image with no alpha left).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
-from tests._helpers.vlm_parity import fetch_image, smooth_images, spy_on_generate
+from tests._helpers.vlm_parity import fetch_image, smooth_images, smooth_rgba, spy_on_generate
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -30,7 +36,7 @@ Image = pytest.importorskip("PIL.Image")
 pytestmark = pytest.mark.parity
 
 UR = "CodeGoat24/UnifiedReward@ff6f520"
-CASES = ("RGB", "grayscale", "odd size")
+CASES = ("RGB", "grayscale", "odd size", "RGBA (alpha 0-255)")
 # the tiny random model never stops by itself: both sides generate this many tokens (the originals allow
 # 512 to 4096; the limits themselves are checked in tests/mmreward/test_judge_fidelity.py)
 GEN_TOKENS = 24
@@ -81,21 +87,36 @@ UR_ACS = (
 # ------------------------------------------------------------------------------------------------
 # the scripts, transcribed
 # ------------------------------------------------------------------------------------------------
-def _original_generate(folder, images, text, max_new_tokens):
-    """The scripts' body: messages, chat template, process_vision_info, processor, greedy generate."""
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+def _original_inputs(folder, images, text, *, rgba_on_white):
+    """The scripts' messages, chat template, process_vision_info and processor call. rgba_on_white=False:
+    qwen-vl-utils 0.0.8's convert("RGB"), the README's pin; True: the later releases' `to_rgb`."""
+    from transformers import AutoProcessor
 
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, torch_dtype="auto").eval()
     processor = AutoProcessor.from_pretrained(folder)
     messages = [{"role": "user", "content": [*({"type": "image", "image": im} for im in images),
                                              {"type": "text", "text": text}]}]
     chat = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # qwen_vl_utils 0.0.10 fetch_image as transcribed here: convert("RGB") (no RGBA input below)
-    fetched = [fetch_image(im, rgba_on_white=False) for im in images]
-    inputs = processor(text=[chat], images=fetched, videos=None, padding=True, return_tensors="pt")
+    fetched = [fetch_image(im, rgba_on_white=rgba_on_white) for im in images]
+    return processor(text=[chat], images=fetched, videos=None, padding=True, return_tensors="pt")
+
+
+def _original_generate(folder, images, text, max_new_tokens):
+    """The in-process scripts' body (qwen-vl-utils 0.0.8: alpha dropped), then greedy generate."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, torch_dtype="auto").eval()
+    inputs = _original_inputs(folder, images, text, rgba_on_white=False)
     with torch.no_grad():
         generated = model.generate(**inputs, max_new_tokens=max_new_tokens)
     return inputs, generated[0, inputs["input_ids"].shape[1]:]
+
+
+def _on_white_differs(folder, images, text, ours):
+    """With an RGBA image among `images`, the other convention (RGBA pasted on white, qwen-vl-utils >= 0.0.9)
+    gives pixels far from ours: the RGBA case can tell the two apart."""
+    assert any(im.mode == "RGBA" for im in images)
+    other = _original_inputs(folder, images, text, rgba_on_white=True)["pixel_values"]
+    assert (other - ours).abs().max() > 0.5
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,7 +133,8 @@ def qwen25(tmp_path_factory):
 
 
 def _images():
-    return smooth_images(seed=3)  # RGB 64x96 (resized to 56x84... by Pillow), grayscale (mode "L"), odd 61x93
+    # RGB 64x96 (resized to 56x84... by Pillow), grayscale (mode "L"), odd 61x93, RGBA 60x90 with alpha 0..255
+    return (*smooth_images(seed=3), smooth_rgba(seed=7))
 
 
 def _check(family, judge_calls, reference, what):
@@ -122,42 +144,51 @@ def _check(family, judge_calls, reference, what):
     assert not kwargs.get("do_sample", False)
     record_parity(family, original=f"{UR} {what}", how="transcribed", actual=kwargs["pixel_values"],
                   expected=ref_inputs["pixel_values"], cases=CASES,
-                  not_checked="RGBA (qwen_vl_utils' convert('RGB') drops alpha; newer releases composite on "
-                  "white); the verdict of real weights (random weights write no verdict: parsing checked on "
+                  not_checked="the verdict of real weights (random weights write no verdict: parsing checked on "
                   "canned answers)")
     assert_close_scaled(kwargs["pixel_values"], ref_inputs["pixel_values"], rel=1e-5)
     assert ours_new.tolist()[0][: len(ref_new)] == ref_new.tolist()[: ours_new.shape[1]], f"{what}: generations differ"
 
 
-@pytest.mark.parametrize("pair", [(0, 1), (2, 0)])
+@pytest.mark.parametrize("pair", [(0, 1), (2, 0), (3, 0)])
 def test_unifiedreward_think_pairwise_is_qwen_infer_cot(qwen25, pair):
     images = _images()
     first, second = images[pair[0]], images[pair[1]]
     judge = mmreward.load("unifiedreward-think", checkpoint=str(qwen25), debias=False, max_new_tokens=GEN_TOKENS)
     calls = spy_on_generate(judge)
     judge.compare(["a red fox in the snow"], [first], [second])
-    ref = _original_generate(qwen25, [first, second], THINK_PAIR.replace("{prompt}", "a red fox in the snow"),
-                             GEN_TOKENS)
+    text = THINK_PAIR.replace("{prompt}", "a red fox in the snow")
+    ref = _original_generate(qwen25, [first, second], text, GEN_TOKENS)
     _check("unifiedreward-think", calls[0], ref,
            "UnifiedReward-Think/inference_qwen/image_generation/qwen_infer_cot_image_generation.py")
+    if first.mode == "RGBA":
+        _on_white_differs(qwen25, [first, second], text, calls[0][0]["pixel_values"])
 
 
-def test_unifiedreward_pairwise_is_qwen_pair_rank(qwen25):
-    rgb, gray, odd = _images()
+@pytest.mark.parametrize("pair", [(2, 1), (1, 3)])
+def test_unifiedreward_pairwise_is_qwen_pair_rank(qwen25, pair):
+    first, second = (_images()[i] for i in pair)
     judge = mmreward.load("unifiedreward", checkpoint=str(qwen25), debias=False, max_new_tokens=GEN_TOKENS)
     calls = spy_on_generate(judge)
-    judge.compare(["two cats"], [odd], [gray])
-    ref = _original_generate(qwen25, [odd, gray], UR_PAIR.replace("{prompt}", "two cats"), GEN_TOKENS)
+    judge.compare(["two cats"], [first], [second])
+    text = UR_PAIR.replace("{prompt}", "two cats")
+    ref = _original_generate(qwen25, [first, second], text, GEN_TOKENS)
     _check("unifiedreward", calls[0], ref, "inference_qwen/image_generation/qwen_pair_rank_image_generation.py")
+    if second.mode == "RGBA":
+        _on_white_differs(qwen25, [first, second], text, calls[0][0]["pixel_values"])
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_unifiedreward_pointwise_is_point_score_acs(qwen25, index):
     image = _images()[index]
     judge = mmreward.load("unifiedreward", checkpoint=str(qwen25), max_new_tokens=GEN_TOKENS)
     calls = spy_on_generate(judge)
     judge.score(["a lighthouse at dusk"], [image])
-    ref = _original_generate(qwen25, [image], UR_ACS.replace("{prompt}", "a lighthouse at dusk"), GEN_TOKENS)
+    text = UR_ACS.replace("{prompt}", "a lighthouse at dusk")
+    # `_encode_image`: img.convert("RGB") (alpha dropped) before the JPEG the script sends
+    ref = _original_generate(qwen25, [image.convert("RGB")], text, GEN_TOKENS)
     _check("unifiedreward", calls[0], ref,
            "inference_qwen/UnifiedReward-2.0-inference/point_score_ACS_image_generation.py (in-process; the "
            "script's JPEG q95 round trip to its vLLM server not reproduced)")
+    if image.mode == "RGBA":
+        _on_white_differs(qwen25, [image], text, calls[0][0]["pixel_values"])
