@@ -40,6 +40,10 @@ Decoding and media follow each original's inference code by default (options res
 - Pixels: unset `min_pixels`/`max_pixels` follow qwen_vl_utils' defaults per medium (images 4..16384 patches
   of 28x28, video frames 128..768), the originals' native resolution; resized as qwen_vl_utils resizes, on
   8-bit values (Pillow's bicubic for images, torchvision's for video frames), not on floats.
+- Alpha: transparent images lose it (PIL `convert("RGB")`), as UnifiedReward's scripts do: its README @ ff6f520
+  installs qwen-vl-utils 0.0.8 for the in-process Qwen2.5-VL scripts, whose `fetch_image` converts (0.0.9 and later
+  paste RGBA on white), and the 2.0 pointwise scripts `convert("RGB")` before their JPEG to the vLLM server
+  (tests/mmreward/test_parity_vlm_judges.py checks RGBA images).
 
 Template text is the official one, verbatim (pass `pointwise_template=`/`pairwise_template=` to change it):
 - UnifiedReward pointwise: CodeGoat24/UnifiedReward (commit ff6f520)

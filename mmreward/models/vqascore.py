@@ -19,7 +19,9 @@ Pixels follow t2v_metrics' inputs to qwen_vl_utils: images at its defaults (4..1
 native resolution of most generated images), video frames at most 360*420 pixels (at least 128 patches), and
 video files sampled at 8 fps by qwen_vl_utils' rule (clip tensors need their rate: `score(..., fps=)`).
 Not reproduced: qwen_vl_utils resizes 8-bit PIL images; we resize float tensors (identical when no resize
-is needed). The loader is generic over AutoModelForImageTextToText with a chat template (Qwen2-VL /
+is needed). Transparent images lose their alpha (the default "drop_first"): t2v_metrics' `load_images` opens image
+files as `Image.open(path).convert('RGB')` before qwen_vl_utils (whose own `to_rgb` would paste RGBA on white)
+sees them (tests/mmreward/test_judge_fidelity.py checks an RGBA image). The loader is generic over AutoModelForImageTextToText with a chat template (Qwen2-VL /
 Qwen2.5-VL tested).
 """
 

@@ -254,11 +254,17 @@ def test_videoscore2_samples_at_0_7_with_1024_tokens_and_greedy_is_an_option():
 # ------------------------------------------------------------------------------------------------
 # VQAScore against t2v_metrics' Qwen forward
 # ------------------------------------------------------------------------------------------------
-def _t2v_metrics_qwen_forward(folder, pil_images, texts):
+def _t2v_metrics_qwen_forward(folder, pil_images, texts, *, convert_first=True):
     """linzhiqiu/t2v_metrics @ 6ecb74f t2v_metrics/models/vqascore_models/qwen2vl_model.py
     Qwen2VLModel.forward with its defaults (question/answer templates, max_new_tokens=1, temperature=1.0),
-    one item at a time; qwen_vl_utils' fetch_image (qwen-vl-utils 0.0.14: smart_resize with MIN_PIXELS 4*28*28,
-    MAX_PIXELS 16384*28*28, PIL resize) is tests/_helpers/vlm_parity.py's transcription."""
+    one item at a time. `load_images` opens an image file as `Image.open(path).convert('RGB')` (alpha dropped)
+    before qwen_vl_utils sees it; then fetch_image (pyproject.toml requires `qwen-vl-utils[decord]` unpinned:
+    0.0.14 today, `to_rgb` a no-op on the RGB image; smart_resize with MIN_PIXELS 4*28*28, MAX_PIXELS
+    16384*28*28, PIL resize) is tests/_helpers/vlm_parity.py's transcription.
+
+    convert_first=False: the RGBA image handed to qwen_vl_utils as it is (pasted on white by `to_rgb`), the
+    alternative convention, only to show that the RGBA case tells the two apart. Returns the probabilities and
+    each item's pixel_values."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from tests._helpers.vlm_parity import fetch_image
@@ -266,14 +272,15 @@ def _t2v_metrics_qwen_forward(folder, pil_images, texts):
     model = AutoModelForImageTextToText.from_pretrained(folder).eval()
     processor = AutoProcessor.from_pretrained(folder)
 
-    probs = []
+    probs, pixels = [], []
     for image, text in zip(pil_images, texts):
         question, answer = T2V_QUESTION.format(text), T2V_ANSWER.format(text)
         messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
         prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        image_inputs = [fetch_image(image, rgba_on_white=False)]  # convert("RGB"), as transcribed (RGB inputs)
+        image_inputs = [fetch_image(image.convert("RGB") if convert_first else image, rgba_on_white=True)]
         inputs = processor(text=[prompt], images=image_inputs, videos=None, padding=True, return_tensors="pt",
                            do_resize=False)
+        pixels.append(inputs["pixel_values"])
         answer_token_ids = processor.tokenizer.encode(answer, add_special_tokens=False)
         with torch.inference_mode():
             outputs = model.generate(**inputs, max_new_tokens=1, temperature=1.0, do_sample=False,
@@ -288,7 +295,7 @@ def _t2v_metrics_qwen_forward(folder, pil_images, texts):
             logits = outputs.scores[-(n_answer_tokens - i)][0]
             joint *= torch.softmax(logits / 1.0, dim=-1)[answer_token_ids[i]].item()
         probs.append(joint ** (1.0 / n_answer_tokens))
-    return torch.tensor(probs, dtype=torch.float64)
+    return torch.tensor(probs, dtype=torch.float64), pixels
 
 
 @pytest.mark.parity
@@ -305,6 +312,7 @@ def test_vqascore_matches_t2v_metrics_qwen_forward(tmp_path, variant):
     from mmreward.testing.qwen_vl import build_tiny_qwen_vl
     from tests._helpers.parity_record import record_parity
     from tests._helpers.tolerances import assert_close_scaled
+    from tests._helpers.vlm_parity import smooth_rgba
 
     model, _ = build_tiny_qwen_vl(tmp_path, variant=variant, seed=3)
     gen = GenerationConfig.from_model_config(model.config)
@@ -312,17 +320,22 @@ def test_vqascore_matches_t2v_metrics_qwen_forward(tmp_path, variant):
     gen.save_pretrained(str(tmp_path))
     rng = np.random.default_rng(0)
     # sizes Qwen keeps as they are (multiples of 28 within the pixel bounds): no resize on either side
-    arrays = [rng.integers(0, 256, (56, 84, 3), dtype=np.uint8), rng.integers(0, 256, (84, 56, 3), dtype=np.uint8)]
-    texts = ["a red circle", "two blue squares on a wooden table"]
-    expected = _t2v_metrics_qwen_forward(str(tmp_path), [Image.fromarray(a) for a in arrays], texts)
+    # and a partly transparent RGBA image (alpha 0..255), which t2v_metrics converts to RGB (alpha dropped)
+    arrays = [rng.integers(0, 256, (56, 84, 3), dtype=np.uint8), rng.integers(0, 256, (84, 56, 3), dtype=np.uint8),
+              np.asarray(smooth_rgba(seed=8, height=56, width=84))]
+    texts = ["a red circle", "two blue squares on a wooden table", "a green triangle"]
+    expected, ref_pixels = _t2v_metrics_qwen_forward(str(tmp_path), [Image.fromarray(a) for a in arrays], texts)
 
     reward = mmreward.load("vqascore", checkpoint=str(tmp_path))
     assert reward.repetition_penalty == pytest.approx(1.05)
     media = [torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays]
+    seen = []  # what reaches the model: (pixel_values, image_grid_thw) per forward
+    reward.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["pixel_values"], kwargs["image_grid_thw"])), with_kwargs=True)
     got = reward.score(texts, media).scores.double()
     max_abs, max_rel = record_parity(
         "vqascore", original="linzhiqiu/t2v_metrics@6ecb74f t2v_metrics/models/vqascore_models/qwen2vl_model.py",
-        how="transcribed", actual=got, expected=expected, cases=("RGB", f"{variant} tiny random"),
+        how="transcribed", actual=got, expected=expected, cases=("RGB", "RGBA (alpha 0-255)", f"{variant} tiny random"),
         not_checked="sizes that need a resize (qwen_vl_utils resizes 8-bit PIL, we resize float tensors); videos",
     )
     assert_close_scaled(got, expected, rel=1e-4)
@@ -330,4 +343,11 @@ def test_vqascore_matches_t2v_metrics_qwen_forward(tmp_path, variant):
     plain = mmreward.load("vqascore", checkpoint=str(tmp_path), repetition_penalty=1.0).score(texts, media).scores
     gap = float((plain.double() - expected).abs().max() / expected.abs().max())
     assert gap > max(10 * max_rel, 1e-3), (gap, max_rel)
+    # the RGBA item's pixels (the tiny random model's score barely moves with them, so they are compared
+    # directly): ours equal the alpha-dropping reference, and RGBA pasted on white would be far off
+    ours = torch.cat([p for p, _ in seen]).split(torch.cat([g for _, g in seen]).prod(dim=1).tolist())
+    assert len(ours) == len(arrays)
+    assert_close_scaled(ours[2], ref_pixels[2], rel=1e-5)
+    _, on_white = _t2v_metrics_qwen_forward(str(tmp_path), [Image.fromarray(arrays[2])], texts[2:], convert_first=False)
+    assert (on_white[0] - ours[2]).abs().max() > 0.5
     print(f"vqascore {variant}: max abs {max_abs:.3g}, max rel {max_rel:.3g}; without the penalty rel {gap:.3g}")
