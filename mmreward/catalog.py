@@ -559,8 +559,8 @@ BUILTIN_SPECS: tuple[RewardSpec, ...] = (
         default_checkpoint="EditScore/EditScore-7B",
         requires=("transformers", "peft"),
         score_range="[0, 10] (NaN when an answer cannot be parsed)",
-        preprocess="'<img1>: ' source, '<img2>: ' edited (SC) and '<img1>: ' edited (PQ); Qwen smart_resize "
-        "(qwen_vl_utils' pixel bounds); sampled at temperature 0.7",
+        preprocess="'<img1>: ' source, '<img2>: ' edited (SC) and '<img1>: ' edited (PQ); RGBA pasted on white "
+        "(qwen_vl_utils' to_rgb); Qwen smart_resize (qwen_vl_utils' pixel bounds); sampled at temperature 0.7",
         tiny_options={"tiny": True, "temperature": 0.0},
         card_options=_values("score_range", "temperature", "num_pass", "seed", "reduction", "min_pixels", "max_pixels", "max_new_tokens"),
     ),
