@@ -141,6 +141,35 @@ def test_editscore_combines_sc_and_pq_as_the_official_and_nan_on_garbage():
     assert backend.calls == [(3, 0.7, 42), (3, 0.7, 42)]  # the SC requests, then the PQ ones; the official seed
 
 
+def test_editscore_pastes_rgba_tensors_on_white_as_pillow():
+    """4-channel tensors (edited and source) reach the judge as qwen_vl_utils' `to_rgb` makes them: Pillow's
+    `paste` of the RGBA image on white with alpha as the mask, here run by Pillow itself on the 8-bit values."""
+    import numpy as np
+    from PIL import Image
+
+    class _Recording(_CannedBackend):
+        def generate(self, requests, *, n=1, temperature=0.0, seed=0):
+            self.requests = [*getattr(self, "requests", []), *requests]
+            return super().generate(requests, n=n, temperature=temperature, seed=seed)
+
+    rng = np.random.default_rng(0)
+    rgba = [rng.integers(0, 256, (20, 24, 4), dtype=np.uint8) for _ in range(2)]  # alpha 0..255 at random
+
+    def on_white(arr):
+        white = Image.new("RGB", (arr.shape[1], arr.shape[0]), (255, 255, 255))
+        white.paste(Image.fromarray(arr, "RGBA"), mask=Image.fromarray(arr[..., 3]))
+        return torch.from_numpy(np.asarray(white).copy()).permute(2, 0, 1).float() / 255
+
+    edited, source = (torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in rgba)
+    backend = _Recording(["[20, 15]", "[25, 10]"])
+    EditScore(backend).score(["make it blue"], edited[None], metadata=[{"source_image": source}])
+    sc, pq = backend.requests
+    torch.testing.assert_close(sc.media[0], on_white(rgba[1]), atol=1e-6, rtol=0)  # the source
+    torch.testing.assert_close(sc.media[1], on_white(rgba[0]), atol=1e-6, rtol=0)  # the edited image
+    torch.testing.assert_close(pq.media[0], on_white(rgba[0]), atol=1e-6, rtol=0)
+    assert (pq.media[0] - edited[:3]).abs().max() > 0.5  # dropping alpha instead would be far off
+
+
 def test_editscore_needs_the_source_images():
     judge = EditScore(_CannedBackend([]))
     with pytest.raises(RewardInputError, match="source_image"):
