@@ -8,22 +8,24 @@ tiny vision-language policy learning from our rewards on a CPU.
 What it does:
 - the policy is the shipped tiny Qwen2-VL `assets/shapesworld/vqa-policy` (supervised briefly on the world, see
   its card), loaded by trl itself from the folder (`from_pretrained` of the official layout);
-- the training set is training-split ShapesWorld questions (count, color, shape, position, which) in trl's
-  conversational VLM format (`vqa.to_trl_rows`, bare-word answers, no answer tag);
+- the training set is training-split ShapesWorld questions of `kinds` (default: shape questions; any of count,
+  color, shape, position, which) in trl's conversational VLM format (`vqa.to_trl_rows`, bare-word answers);
 - the rewards are `vlm_rm.adapters.trl_reward_function`s mixed by trl's `reward_weights` (each normalised within
   its group first, trl's GDPO `multi_objective_aggregation="normalize_then_sum"`): the verifiable
   `shapes-vqa` checker (given the dataset's "answer" column) and a learned reward, the ShapesWorld preference
   CLIP (`shapesworld-pref`) scoring the claim "<question> <answer>" against the (first) image;
 - `GoldMonitor` is the hacking monitor's idea applied to trl: every `eval_every` steps it answers a fixed set of
   held-out questions greedily and scores the answers with the gold checker *and* with the learned reward, so a
-  learned reward that rises while gold accuracy does not shows up in the curve (metrics.json, curve.png).
+  learned reward that rises while gold accuracy does not shows up in the curve (metrics.json, curve.png);
+- the same questions are also answered with shuffled images (another question's images of the same kind): the
+  label-prior control. A gain on both is the policy learning which answers the training questions favour, not
+  reading the image; `image_grounded_gain` is the gain on the true images minus the gain on shuffled ones.
 
 The test questions are fresh training-distribution scenes (seed 1; SFT used seed 0, GRPO seed 100); the world's
 compositional held-out split (every question involves a colour-shape pair no training question does) is tracked
 beside them (`heldout_split_questions`). Accuracy is greedy decoding scored by `shapes-vqa`; its standard error is
 the binomial one, and the before/after difference also gets the paired standard error (same questions).
-Measured results (+0.13 on colour and shape questions; not met on all five kinds, three seeds, with the per-kind
-diagnosis of `benchmarks/vqa_policy_diagnosis.py`): docs/results/trl_shapes_vqa.md.
+Measured results (three seeds, the control, the hacking run, and what does not learn): docs/results/trl_shapes_vqa.md.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import itertools
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,7 +51,7 @@ DEFAULT_POLICY = "mmreward-assets:shapesworld/vqa-policy"
 class RecipeConfig:
     policy: str = DEFAULT_POLICY
     out: str = "runs/trl_shapes_vqa"
-    max_steps: int = 80
+    max_steps: int = 200
     prompts_per_step: int = 32
     num_generations: int = 8
     learning_rate: float = 1e-3
@@ -58,18 +61,19 @@ class RecipeConfig:
     learned_weight: float = 0.1
     learned_reward: str = "shapesworld-pref"
     train_questions: int = 1600
-    eval_questions: int = 300
+    eval_questions: int = 600
     heldout_split_questions: int = 300
-    # question kinds trained on and evaluated: the attribute questions, where GRPO measurably learns; the shipped
-    # policy answers count, position and which-image questions without looking at the image, and all-kinds runs
-    # did not move (three seeds; docs/results/trl_shapes_vqa.md)
-    kinds: str = "shape,color"
+    # question kinds trained on and evaluated: shape questions, where the shipped policy reads the image partly
+    # (0.72 against 0.23 with shuffled images) and GRPO raises it by reading the image better (the shuffled-image
+    # control stays flat). The tiny policy does not read counts, positions or which image at all, and GRPO on
+    # several kinds at once did not gain in 200 steps (docs/results/trl_shapes_vqa.md)
+    kinds: str = "shape"
     train_kinds: str = ""  # kinds of the training questions when they differ from the evaluated `kinds`
     # the world's splits the training questions come from. "train" keeps the compositional held-out split out of
     # training; "train,heldout" trains on both, which takes away the label prior the split leaves in the
     # training questions (no training question answers "What shape is the red object?" with "triangle")
     train_splits: str = "train"
-    eval_every: int = 10
+    eval_every: int = 20
     seed: int = 0
     threads: int = 1
     save_policy: bool = True  # write the trained policy to <out>/policy
@@ -331,9 +335,14 @@ def run(cfg: RecipeConfig) -> dict[str, Any]:
 
     per_kind = {k: {"before": kind_mean(c0, k), "after": kind_mean(c1, k), "shuffled_before": kind_mean(s0, k),
                     "shuffled_after": kind_mean(s1, k)} for k in sorted({it.kind for it in held})}
-    examples = [{"kind": it.kind, "question": it.question, "truth": it.answer,
-                 "before": monitor.answers[first][i], "after": monitor.answers[last][i]} for i, it in enumerate(held[:15])]
-    changed = any(not torch.equal(p.detach(), before_params[n]) for n, p in trainer.model.named_parameters())
+    def example(i: int) -> dict[str, str]:
+        return {"kind": held[i].kind, "question": held[i].question, "truth": held[i].answer,
+                "before": monitor.answers[first][i], "after": monitor.answers[last][i]}
+
+    examples = [example(i) for i in range(min(15, len(held)))]
+    # the first questions whose answer the run changed: what "before/after" looks like where something happened
+    changed = [example(i) for i in range(len(held)) if monitor.answers[first][i] != monitor.answers[last][i]][:15]
+    moved = any(not torch.equal(p.detach(), before_params[n]) for n, p in trainer.model.named_parameters())
     metrics = {
         "config": asdict(cfg), "reward_funcs": [getattr(f, "__name__", str(f)) for f in trainer.reward_funcs],
         "reward_weights": trainer.args.reward_weights,
@@ -342,7 +351,8 @@ def run(cfg: RecipeConfig) -> dict[str, Any]:
         **{k: round(v, 4) for k, v in stats.items()},
         "shuffled_images": {"before": accuracy(s0)[0], "after": accuracy(s1)[0]},
         "per_kind": per_kind, "curve": monitor.curve,
-        "train_log": train_logs, "examples": examples, "parameters_changed": changed,
+        "train_log": train_logs, "examples": examples, "examples_changed": changed,
+        "parameters_changed": moved,
         "steps": trainer.state.global_step, "wall_seconds": round(wall, 1), "setup_seconds": round(setup_s, 1),
         "cpu_seconds": round(cpu, 1), "threads": cfg.threads, "n_eval": len(held),
         "heldout_split": ({"before": accuracy(monitor.split_correct[first])[0],
@@ -384,6 +394,9 @@ def plot_curve(metrics: dict[str, Any], path: Path) -> None:
     steps = [r["step"] for r in metrics["curve"]]
     ax.errorbar(steps, [r["gold_accuracy"] for r in metrics["curve"]], yerr=[r["gold_se"] for r in metrics["curve"]],
                 marker="o", label="test gold accuracy (shapes-vqa, greedy)")
+    if any("shuffled_images_accuracy" in r for r in metrics["curve"]):
+        ax.plot(steps, [r.get("shuffled_images_accuracy") for r in metrics["curve"]], marker="x", alpha=0.7,
+                label="same questions, shuffled images (label-prior control)")
     if any("heldout_split_accuracy" in r for r in metrics["curve"]):
         ax.plot(steps, [r.get("heldout_split_accuracy") for r in metrics["curve"]], marker="^", alpha=0.7,
                 label="compositional held-out split (gold)")
@@ -420,19 +433,32 @@ def markdown_summary(metrics: dict[str, Any]) -> str:
         f"{a['se']:.3f} | {metrics['gain']:+.3f} ({metrics['gain_in_se']:+.1f} SE; paired SE "
         f"{metrics['gain_paired_se']:.3f}) |",
     ]
+    if metrics.get("shuffled_images"):
+        sh = metrics["shuffled_images"]
+        lines.append(f"| same questions, shuffled images (control) | {sh['before']:.3f} | {sh['after']:.3f} | "
+                     f"{sh['after'] - sh['before']:+.3f} |")
+        lines.append(f"| image-grounded gain (true minus shuffled) | | | {metrics['image_grounded_gain']:+.3f} "
+                     f"(paired SE {metrics['image_grounded_gain_se']:.3f}) |")
     if metrics.get("heldout_split"):
         h = metrics["heldout_split"]
         lines.append(f"| compositional held-out split (n={h['n']}) | {h['before']:.3f} | {h['after']:.3f} | "
                      f"{h['after'] - h['before']:+.3f} |")
     lines += ["", "| kind | " + " | ".join(metrics["per_kind"]) + " |", "|---|" + "---|" * len(metrics["per_kind"]),
               "| before | " + " | ".join(f"{v['before']:.2f}" for v in metrics["per_kind"].values()) + " |",
-              "| after | " + " | ".join(f"{v['after']:.2f}" for v in metrics["per_kind"].values()) + " |", "",
-              "| step | test gold accuracy | learned reward of the same answers | held-out split |", "|---|---|---|---|"]
+              "| after | " + " | ".join(f"{v['after']:.2f}" for v in metrics["per_kind"].values()) + " |"]
+    if all("shuffled_before" in v for v in metrics["per_kind"].values()):
+        lines += ["| shuffled images, before | " + " | ".join(f"{v['shuffled_before']:.2f}"
+                                                           for v in metrics["per_kind"].values()) + " |",
+                  "| shuffled images, after | " + " | ".join(f"{v['shuffled_after']:.2f}"
+                                                          for v in metrics["per_kind"].values()) + " |"]
+    lines += ["", "| step | test gold accuracy | shuffled images | learned reward of the same answers | held-out split |",
+              "|---|---|---|---|---|"]
     for r in metrics["curve"]:
-        lines.append(f"| {r['step']} | {r['gold_accuracy']:.3f} ± {r['gold_se']:.3f} | {r.get('learned_reward', '-')} | "
+        lines.append(f"| {r['step']} | {r['gold_accuracy']:.3f} ± {r['gold_se']:.3f} | "
+                     f"{r.get('shuffled_images_accuracy', '-')} | {r.get('learned_reward', '-')} | "
                      f"{r.get('heldout_split_accuracy', '-')} |")
     lines += ["", "| question | truth | before | after |", "|---|---|---|---|"]
-    for e in metrics["examples"][:10]:
+    for e in (metrics.get("examples_changed") or metrics["examples"])[:10]:
         lines.append(f"| {e['question']} | {e['truth']} | {e['before'] or '(empty)'} | {e['after'] or '(empty)'} |")
     return "\n".join(lines) + "\n"
 
@@ -448,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(RecipeConfig(**vars(args)))
     except ConfigError as exc:
-        print(f"error: {exc}")
+        print(f"trl_shapes_vqa: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

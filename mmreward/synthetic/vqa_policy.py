@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 POLICY_KINDS: tuple[str, ...] = ("count", "color", "shape", "position", "which")
-IMAGE_SIZE = 84  # a multiple of 28: 6x6 patches of 14 pixels, 9 visual tokens per image after the 2x2 merge
+IMAGE_SIZE = 56  # a multiple of 28: 4x4 patches of 14 pixels, 4 visual tokens per image after the 2x2 merge (one per
+# cell of the scenes' 2x2 grid); the shipped policy's side (84 gives 9 tokens; see train_vqa_policy)
 
 
 def chat_prompt(item) -> list[dict[str, Any]]:

@@ -125,9 +125,11 @@ def _build(args: argparse.Namespace) -> dict:
             train_edit_model.write_prompt_sets(root / "edit-model" / "prompts")
             measure_edit_model(root / "edit-model", 4 if args.quick else 128)
         elif name == "vqa-policy":  # the GRPO recipe's starting policy (vlm_rm.trl_shapes_vqa)
+            # one thread: the shipped weights are bit-reproducible only with the thread count they were built with
+            # (two threads change the reductions' order, and the run drifts from step 1)
             train_vqa_policy.train(train_vqa_policy.VQAPolicyTrainConfig(
-                out=str(root / "vqa-policy"), steps=steps["vqa-policy"], threads=args.threads,
-                **({"train_questions": 64, "eval_questions": 10} if args.quick else {})))
+                out=str(root / "vqa-policy"), steps=steps["vqa-policy"], threads=1,
+                **({"train_questions": 64, "eval_questions": 10, "first_steps": 1} if args.quick else {})))
         else:
             pcfg = train_preference.PreferenceTrainConfig(
                 clip=str(root / "clip"), pref_out=str(root / "pref"), aesthetic_out=str(root / "aesthetic"),
