@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -43,31 +44,38 @@ def _rss_kib(pid: int, field: str = "VmRSS") -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # a leading '-' on purpose: `--token=-...` must reach the server as a value, not a flag
     token = "-" + secrets.token_urlsafe(24)
-    cmd = [sys.executable, "-m", "mmreward", "serve", "--reward", "mock", "--host", "127.0.0.1", "--port", str(port),
+    # --port 0: the server binds a free port itself and prints its URL (a port probed here and closed again
+    # could be taken by another process, e.g. the other xdist worker, in the seconds the server takes to start)
+    cmd = [sys.executable, "-m", "mmreward", "serve", "--reward", "mock", "--host", "127.0.0.1", "--port", "0",
            f"--token={token}", "--engine", "local", "--header-timeout-s", str(HEADER_TIMEOUT), "--idle-timeout-s", str(IDLE_TIMEOUT),
            "--body-timeout-s", str(BODY_TIMEOUT), "--max-connections", str(MAX_CONN),
            "--max-request-bytes", "200000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # also keeps the pipe drained
+    reader.start()
+    url = None
     deadline = time.monotonic() + 240
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"mmreward serve exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+            reader.join(timeout=10)
+            pytest.fail(f"mmreward serve exited {proc.returncode}: {''.join(err)[-2000:]}")
+        if url is None:  # the CLI prints its URL once the front end listens
+            found = [m for line in list(err) if (m := re.search(r" at (http://127\.0\.0\.1:(\d+)) ", line))]
+            url, port = (found[0][1], int(found[0][2])) if found else (None, None)
         try:
-            with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
-                if r.status == 200:
-                    break
+            if url is not None:
+                with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+                    if r.status == 200:
+                        break
         except OSError:
             pass
         if time.monotonic() > deadline:
             proc.kill()
-            pytest.fail("mmreward serve did not answer /healthz within 240 s")
+            pytest.fail(f"mmreward serve did not answer /healthz within 240 s: {''.join(err)[-2000:]}")
         time.sleep(0.5)
     yield {"url": url, "port": port, "token": token, "pid": proc.pid}
     proc.send_signal(signal.SIGINT)  # the CLI stops the front end on Ctrl-C
@@ -76,6 +84,7 @@ def server():
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    reader.join(timeout=10)
     proc.stderr.close()
 
 

@@ -24,15 +24,12 @@ from mmreward.serve import RemoteRewardError, RewardClient, ServeConfig, encode_
 
 @pytest.fixture(scope="module")
 def server():
-    import socket
-
     from mmreward.serve import shutdown, start
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # a 20 ms batch window so that concurrent requests really share reward calls
-    cfg = ServeConfig(reward="mmreward.testing.faulty:FaultyMockReward", port=port, max_request_items=8,
+    # port 0: the front end binds a free port itself and start() returns it in the URL (a port probed here and
+    # closed again could be taken by one of the ports Ray binds in the seconds it starts, before the front end
+    # binds it). A 20 ms batch window so that concurrent requests really share reward calls
+    cfg = ServeConfig(reward="mmreward.testing.faulty:FaultyMockReward", port=0, max_request_items=8,
                       max_request_bytes=400_000, max_batch_size=16, batch_wait_timeout_s=0.02)
     url = start(cfg, ray_init={"num_cpus": 2})
     yield url, cfg
