@@ -128,17 +128,17 @@ def edit_row(value: Mapping[str, Any], where: str, base_dir: Path | None) -> tup
 
 
 @lru_cache(maxsize=256)
-def _read_source(path: str, mtime_ns: int, alpha: Literal["drop", "keep"] = "drop") -> torch.Tensor:
+def _read_source(path: str, mtime_ns: int, alpha: Literal["drop", "keep", "keep_rgba"] = "drop") -> torch.Tensor:
     from mmreward.media import read_image
 
     return read_image(path, alpha=alpha)
 
 
-def load_source_image(source: Any, alpha: Literal["drop", "keep"] = "drop") -> torch.Tensor:
+def load_source_image(source: Any, alpha: Literal["drop", "keep", "keep_rgba"] = "drop") -> torch.Tensor:
     """(3, H, W) float in [0, 1] from a path (cached by path and modification time) or an image tensor.
 
-    `alpha`: as `mmreward.media.load_image`; "keep" (a reward's `media_alpha`) returns a transparent RGBA
-    source as (4, H, W) for rewards whose original composites it itself."""
+    `alpha`: as `mmreward.media.load_image`; "keep" or "keep_rgba" (a reward's `media_alpha`) returns a
+    transparent RGBA source as (4, H, W) for rewards whose original composites it itself."""
     if isinstance(source, torch.Tensor):
         from mmreward.media import load_image
 
@@ -152,7 +152,7 @@ def load_source_image(source: Any, alpha: Literal["drop", "keep"] = "drop") -> t
 
 
 def source_image_list(metadata: Sequence[Mapping[str, Any]] | None, n: int, reward: str,
-                      alpha: Literal["drop", "keep"] = "drop") -> list[torch.Tensor]:
+                      alpha: Literal["drop", "keep", "keep_rgba"] = "drop") -> list[torch.Tensor]:
     """Each item's source image, (3, H, W) in [0, 1] at its own size, from per-item metadata
     ({"source_image": path or tensor}); an edit reward called without it is told how to pass it.
     `alpha`: see `load_source_image`."""

@@ -10,7 +10,11 @@ range is an error rather than a silent rescale.
 
 Alpha: by default RGBA loses alpha here as PIL's convert("RGB") does. alpha="keep" returns RGBA images
 with any transparency as (4, H, W) instead, for rewards whose original preprocessing resizes the RGBA
-image before dropping alpha (their preprocessing card uses it; see `Reward.image_alpha`).
+image before dropping alpha (their preprocessing card uses it; see `Reward.image_alpha`); grey with alpha
+(PIL "LA") and palette images with transparency count as RGBA there. alpha="keep_rgba" keeps alpha only where
+the PIL mode is exactly "RGBA" and drops it from every other mode, as qwen_vl_utils' `to_rgb` does (it pastes
+"RGBA" on white and `convert("RGB")`s the rest: LA loses its alpha, a palette's transparency is ignored).
+Arrays and tensors have no PIL mode: with 4 channels they are RGBA under every option.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from mmreward.errors import MediaError, MissingExtraError, RewardInputError
 
 MediaBatch = torch.Tensor | list[torch.Tensor]
 ValueRange = tuple[float, float]
-Alpha = Literal["drop", "white", "black", "keep"]
+Alpha = Literal["drop", "white", "black", "keep", "keep_rgba"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".gif", ".m4v"}
@@ -170,9 +174,10 @@ def _to_unit_range(x: torch.Tensor, value_range: ValueRange | None, what: str) -
 
 
 def _fix_channels(x: torch.Tensor, alpha: Alpha, what: str) -> torch.Tensor:
-    """(..., C, H, W) with C in {1, 3, 4} -> (..., 3, H, W), or (..., 4, H, W) for transparent RGBA and alpha="keep"."""
-    if alpha not in ("drop", "white", "black", "keep"):
-        raise RewardInputError(f"alpha must be 'drop', 'white', 'black' or 'keep', got {alpha!r}")
+    """(..., C, H, W) with C in {1, 3, 4} -> (..., 3, H, W), or (..., 4, H, W) for transparent RGBA and alpha="keep"
+    or "keep_rgba" (4 channels without a PIL mode are RGBA)."""
+    if alpha not in ("drop", "white", "black", "keep", "keep_rgba"):
+        raise RewardInputError(f"alpha must be 'drop', 'white', 'black', 'keep' or 'keep_rgba', got {alpha!r}")
     c = x.shape[-3]
     if c == 3:
         return x
@@ -180,7 +185,7 @@ def _fix_channels(x: torch.Tensor, alpha: Alpha, what: str) -> torch.Tensor:
         return x.expand(*x.shape[:-3], 3, *x.shape[-2:])
     if c == 4:
         rgb, a = x[..., :3, :, :], x[..., 3:4, :, :]
-        if alpha == "keep":
+        if alpha in ("keep", "keep_rgba"):
             with torch.no_grad():
                 opaque = bool((a >= 1).all())
             # an opaque alpha changes nothing in any convention: RGB keeps batches stackable and paths fast
@@ -198,6 +203,9 @@ def _fix_channels(x: torch.Tensor, alpha: Alpha, what: str) -> torch.Tensor:
 def _pil_to_tensor(img: Any, alpha: str, what: str) -> torch.Tensor:
     from PIL import Image
 
+    if alpha == "keep_rgba":  # qwen_vl_utils' to_rgb: only mode "RGBA" keeps alpha; the rest is convert("RGB")
+        # (for LA, PA, RGBa and P with transparency, Pillow's convert("RGBA") less alpha equals its convert("RGB"))
+        alpha = "keep" if img.mode == "RGBA" else "drop"
     if img.mode == "P":  # palette, possibly with a transparent index
         img = img.convert("RGBA")
     elif img.mode in ("I;16", "I;16B", "I;16L", "I"):
@@ -225,7 +233,8 @@ def read_image(
     max_image_side: int | None = MAX_IMAGE_SIDE,
     max_aspect_ratio: float | None = MAX_ASPECT_RATIO,
 ) -> torch.Tensor:
-    """Read an image file to a (3, H, W) float tensor in [0, 1] ((4, H, W) for transparent RGBA and alpha="keep").
+    """Read an image file to a (3, H, W) float tensor in [0, 1] ((4, H, W) for transparent RGBA and alpha="keep"
+    or "keep_rgba").
 
     Files whose header claims more than `max_image_pixels` pixels, a side above `max_image_side` or an aspect
     ratio above `max_aspect_ratio` are rejected before decoding (None: no such cap of ours; PIL's own

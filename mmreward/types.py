@@ -266,8 +266,12 @@ class Reward(torch.nn.Module):
         return "drop_first"
 
     @property
-    def media_alpha(self) -> Literal["drop", "keep"]:
-        """The `alpha` to ask `mmreward.media.to_batch` for when loading media for this reward."""
+    def media_alpha(self) -> Literal["drop", "keep", "keep_rgba"]:
+        """The `alpha` to ask `mmreward.media.to_batch` for when loading media for this reward: "keep_rgba" for
+        "white_background_if_rgba" (qwen_vl_utils' `to_rgb`: only PIL mode "RGBA" keeps alpha, LA and palette
+        transparency are dropped), "drop" for "drop_first", else "keep"."""
+        if self.image_alpha == "white_background_if_rgba":
+            return "keep_rgba"
         return "drop" if self.image_alpha == "drop_first" else "keep"
 
     def prepare(self, media: Any, value_range: tuple[float, float] | None = None, *, fps: float | None = None):

@@ -39,7 +39,9 @@ its README):
 - transparent images (edited and source): qwen_vl_utils' `to_rgb` pastes an RGBA image on white before the
   resize (every release from 0.0.9 to 0.0.14, read from the PyPI wheels; EditScore's pyproject.toml @ 35ddc1a
   requires `qwen-vl-utils` unpinned and its README passes `Image.open` PNGs straight to `evaluate`), so we
-  composite on white in Pillow's 8-bit arithmetic too (`paste_on_white`), not drop alpha.
+  composite on white in Pillow's 8-bit arithmetic too (`paste_on_white`), not drop alpha. Only PIL mode "RGBA":
+  to_rgb `convert("RGB")`s grey-with-alpha (LA) and palette images with transparency, which drops their alpha,
+  and so do we (media alpha "keep_rgba"); 4-channel tensors count as RGBA.
   temperature=0 gives greedy, deterministic rewards. Over HTTP top-p/top-k are the server's.
 - weights: the base Qwen2.5-VL-7B-Instruct plus the EditScore LoRA adapter (EditScore/EditScore-7B), merged
   with peft after a strict key check; or a served merged model (backend='openai').
@@ -271,7 +273,8 @@ class EditScore(Reward):
     @property
     def image_alpha(self) -> str:
         # keep RGBA's alpha through `prepare`: the original's qwen_vl_utils composites it on white (`_on_white`)
-        return "white_background"
+        # only for PIL mode "RGBA": to_rgb convert("RGB")s LA and palette images, dropping their transparency
+        return "white_background_if_rgba"
 
     @staticmethod
     def _on_white(image: torch.Tensor) -> torch.Tensor:

@@ -126,7 +126,8 @@ class R1Reward(ResponseReward):
     @property
     def image_alpha(self) -> str:
         # keep RGBA's alpha through `prepare`: qwen_vl_utils' to_rgb pastes it on white (`_on_white`)
-        return "white_background"
+        # only for PIL mode "RGBA": to_rgb convert("RGB")s LA and palette images, dropping their transparency
+        return "white_background_if_rgba"
 
     @staticmethod
     def _on_white(image: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,8 @@ class SkyworkVLReward(ResponseReward):
     @property
     def image_alpha(self) -> str:
         # keep RGBA's alpha through `prepare`: the original composites it on white (`paste_on_white`)
-        return "white_background"
+        # only for PIL mode "RGBA": to_rgb convert("RGB")s LA and palette images, dropping their transparency
+        return "white_background_if_rgba"
 
     def conversations(self, questions: Sequence[str], responses: Sequence[str]) -> list[list[dict[str, Any]]]:
         """The model card's messages: the user turn holds the image then the question; the assistant turn the response."""

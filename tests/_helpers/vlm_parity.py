@@ -4,8 +4,9 @@
   Qwen-VL rewards' originals (EditScore, UnifiedReward, VideoScore2, R1-Reward, Skywork-VL-Reward, t2v_metrics,
   PaCo-RL's vLLM server) all call. Transcribed once here; the switches name where the originals' copies differ,
   and each test passes the ones its original uses;
+- `as_transformers4_sees`: an image as the originals' transformers 4.x processor takes it (see there);
 - `spy_on_generate`: records what a judge hands its model's `generate`;
-- `write_image_files` / `smooth_images` / `smooth_rgba`: the tests' input images.
+- `write_image_files` / `smooth_images` / `smooth_rgba` / `alpha_mode_images`: the tests' input images.
 
 Each test keeps its own transcription of its original's prompt, request and scoring code, its own inputs and its
 own tolerances. Nothing here imports mmreward (a reference must not go through the code it checks).
@@ -79,6 +80,23 @@ def fetch_image(image: Image.Image | str | os.PathLike, *, rgba_on_white: bool, 
     return image.resize((width, height))
 
 
+def as_transformers4_sees(image: Image.Image) -> Image.Image:
+    """`image` without `info["transparency"]`: what the originals' Hugging Face processor composites, nothing.
+
+    Pillow's `convert("RGB")` of a palette image with a transparent index (qwen_vl_utils' `to_rgb` of mode "P")
+    leaves that index's colour in `info["transparency"]`, and `resize` keeps it. transformers' `convert_to_rgb`
+    returns a mode-"RGB" image as it is in 4.x (4.57.1 wheel, image_transforms.py) and in 5.0.0 (wheel read); the
+    5.24 installed here composites an RGB image whose info names a colour onto white (pixels of exactly that
+    colour, after the resize). The originals ran transformers 4.x (R1-Reward: transformers main of early 2025;
+    Skywork-VL-Reward, Apr 2025; EditScore, Sep 2025: unpinned), so a reference hands the processor the image
+    without it. A copy; no effect on images without the key."""
+    if "transparency" not in image.info:
+        return image
+    image = image.copy()
+    del image.info["transparency"]
+    return image
+
+
 def spy_on_generate(judge: Any) -> list[tuple[dict, torch.Tensor]]:
     """Wrap `judge.backend.model.generate`: the returned list gets, per call, its keyword arguments and the tokens
     it generated (prompt cut off); the call itself runs unchanged."""
@@ -126,6 +144,26 @@ def smooth_rgba(seed: int, height: int = 60, width: int = 90) -> Image.Image:
     rgb = np.kron(rng.random((height // 8 + 1, width // 8 + 1, 3)), np.ones((8, 8, 1)))[:height, :width]
     alpha = np.broadcast_to(np.linspace(0, 255, width).round()[None, :, None], (height, width, 1))
     return Image.fromarray(np.concatenate([(rgb * 255).astype(np.uint8), alpha.astype(np.uint8)], -1), "RGBA")
+
+
+def alpha_mode_images(seed: int, height: int = 45, width: int = 60) -> tuple[Image.Image, Image.Image]:
+    """Transparency outside mode "RGBA": a grey-with-alpha image (mode "LA", alpha 0 at the left column to 255 at
+    the right) and a 4-colour palette image whose index 0 (a quarter of the blocks) is transparent (mode "P",
+    `info["transparency"] = 0`: a tRNS chunk when saved as PNG), both of 8x8-pixel random blocks. qwen_vl_utils'
+    `to_rgb` composites only mode "RGBA", so these two take `convert("RGB")` there (LA's alpha dropped, the
+    palette's transparency ignored), and compositing them on white instead gives other pixels."""
+    rng = np.random.default_rng(seed)
+
+    def blocks(c: int, high: int) -> np.ndarray:
+        return np.kron(rng.integers(0, high, (height // 8 + 1, width // 8 + 1, c)), np.ones((8, 8, 1), np.int64))[
+            :height, :width].astype(np.uint8)
+
+    alpha = np.broadcast_to(np.linspace(0, 255, width).round()[None, :, None], (height, width, 1)).astype(np.uint8)
+    la = Image.fromarray(np.concatenate([blocks(1, 256), alpha], -1), "LA")
+    palette = Image.fromarray(blocks(1, 4)[..., 0], "L").convert("P")  # "L" -> "P": greyscale palette, replaced
+    palette.putpalette(rng.integers(0, 256, 4 * 3).astype(np.uint8).tobytes())
+    palette.info["transparency"] = 0
+    return la, palette
 
 
 def smooth_images(seed: int) -> tuple[Image.Image, Image.Image, Image.Image]:

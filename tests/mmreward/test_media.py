@@ -175,6 +175,38 @@ def test_alpha_keep_returns_rgba_only_for_transparent_images():
         media.load_image(Image.fromarray(rgba), alpha="transparent")
 
 
+def test_alpha_keep_rgba_keeps_alpha_only_for_pil_mode_rgba(tmp_path):
+    """alpha="keep_rgba" (qwen_vl_utils' to_rgb): only PIL mode "RGBA" keeps alpha; LA, PA, RGBa and P with a
+    transparent index come out as Pillow's own convert("RGB") makes them (the expected values), from PIL images
+    and PNG files; 4-channel arrays and tensors, which have no mode, are RGBA."""
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (6, 7, 4), dtype=np.uint8)
+    rgba[0, 0, 3] = 0
+    rgba_im = Image.fromarray(rgba)
+    la = rgba_im.convert("LA")
+    pal = Image.fromarray(rng.integers(0, 4, (6, 7), dtype=np.uint8)).convert("P")
+    pal.putpalette(rng.integers(0, 256, 12, dtype=np.uint8).tobytes())
+    pal.info["transparency"] = 1
+
+    def pil_rgb(im):
+        return torch.from_numpy(np.asarray(im.convert("RGB")).copy()).permute(2, 0, 1).float() / 255
+
+    kept = media.load_image(rgba_im, alpha="keep_rgba")
+    assert torch.equal(kept, torch.from_numpy(rgba).permute(2, 0, 1).float() / 255)
+    for im in (la, pal, pal.convert("PA"), rgba_im.convert("RGBa")):
+        assert torch.equal(media.load_image(im, alpha="keep_rgba"), pil_rgb(im)), im.mode
+        assert media.load_image(im, alpha="keep").shape == (4, 6, 7), im.mode  # "keep" still counts them as RGBA
+    for name, im in (("la.png", la), ("p.png", pal)):
+        im.save(tmp_path / name)
+        with Image.open(tmp_path / name) as f:
+            assert f.mode == im.mode and ("transparency" in f.info) == (im.mode == "P")
+            expected = pil_rgb(f)
+        assert torch.equal(media.to_batch([tmp_path / name], alpha="keep_rgba"), expected[None]), name
+    t = torch.from_numpy(rgba).permute(2, 0, 1)[None]
+    assert media.to_batch(t, alpha="keep_rgba").shape == (1, 4, 6, 7)
+    assert media.load_image(rgba, alpha="keep_rgba").shape == (4, 6, 7)
+
+
 # ----------------------------------------------------------------------------------------------
 # input validation: sizes, dtypes, value ranges, decompression bombs, symlinks
 # ----------------------------------------------------------------------------------------------

@@ -34,7 +34,14 @@ import torch
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
-from tests._helpers.vlm_parity import fetch_image, smooth_images, smooth_rgba, spy_on_generate
+from tests._helpers.vlm_parity import (
+    alpha_mode_images,
+    as_transformers4_sees,
+    fetch_image,
+    smooth_images,
+    smooth_rgba,
+    spy_on_generate,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -43,7 +50,8 @@ Image = pytest.importorskip("PIL.Image")
 pytestmark = pytest.mark.parity
 
 ES = "VectorSpaceLab/EditScore@35ddc1a (editscore/__init__.py) + @389008c (mllm_tools/qwen25vl.py)"
-CASES = ("RGB", "grayscale", "odd size", "RGBA (alpha 0-255) source and edited")
+CASES = ("RGB", "grayscale", "odd size", "RGBA (alpha 0-255) source and edited",
+         "LA (grey + alpha) source, P (a transparent index) edited")
 GEN_TOKENS = 12  # the tiny random model never stops; both sides generate this many (the original allows 512)
 SEED = 42  # EditScore's default seed
 
@@ -78,10 +86,11 @@ class _Qwen25VL:
 
     def prepare_input(self, images, text_prompt, rgba_on_white=True):
         """rgba_on_white: qwen_vl_utils' `to_rgb` (the releases EditScore installs); False: the alternative
-        (alpha dropped), only to show that the RGBA inputs tell the two apart."""
+        (alpha dropped), only to show that the RGBA inputs tell the two apart. The fetched images reach the
+        processor as transformers 4.x takes them (`as_transformers4_sees`)."""
         images = images if isinstance(images, list) else [images]
         text = _apply_chat_template(text_prompt, num_images=len(images))
-        fetched = [fetch_image(im, rgba_on_white=rgba_on_white) for im in images]
+        fetched = [as_transformers4_sees(fetch_image(im, rgba_on_white=rgba_on_white)) for im in images]
         return self.processor(text=[text], images=fetched, videos=None, padding=True, return_tensors="pt")
 
     def inference(self, inputs, seed):
@@ -124,16 +133,18 @@ def model_dirs(tmp_path_factory):
 
 
 def _images(tmp_path):
-    """RGB, grayscale, odd-size RGB and two partly transparent RGBA PNGs (60x90, 45x70)."""
+    """RGB, grayscale, odd-size RGB, two partly transparent RGBA PNGs (60x90, 45x70), then LA and a palette image
+    with a transparent index (45x60 each; to_rgb converts them without compositing)."""
     paths = []
-    images = (*smooth_images(seed=4), smooth_rgba(seed=5), smooth_rgba(seed=6, height=45, width=70))
-    for name, im in zip(("rgb", "gray", "odd", "rgba", "rgba_small"), images):
+    images = (*smooth_images(seed=4), smooth_rgba(seed=5), smooth_rgba(seed=6, height=45, width=70),
+              *alpha_mode_images(seed=7))
+    for name, im in zip(("rgb", "gray", "odd", "rgba", "rgba_small", "la", "palette"), images):
         paths.append(tmp_path / f"{name}.png")
         im.save(paths[-1])
     return paths
 
 
-@pytest.mark.parametrize("pair", [(0, 2), (1, 0), (3, 4)])
+@pytest.mark.parametrize("pair", [(0, 2), (1, 0), (3, 4), (5, 6)])
 def test_editscore_requests_and_sampling_are_the_originals(model_dirs, tmp_path, pair):
     base, lora = model_dirs
     paths = _images(tmp_path)
@@ -166,6 +177,9 @@ def test_editscore_requests_and_sampling_are_the_originals(model_dirs, tmp_path,
     if pair == (3, 4):  # the RGBA inputs separate the conventions: alpha dropped would be far off
         dropped = ref.prepare_input([Image.open(source), Image.open(edited)], "x", rgba_on_white=False)
         assert (dropped["pixel_values"] - sc_in["pixel_values"]).abs().max() > 0.5
+    if pair == (5, 6):  # LA and P: compositing them on white (as RGBA images) would be far off
+        on_white = ref.prepare_input([Image.open(source).convert("RGBA"), Image.open(edited).convert("RGBA")], "x")
+        assert (on_white["pixel_values"] - sc_in["pixel_values"]).abs().max() > 0.5
     assert out.rationales[0] == f"SC: {sc_text}\n\nPQ: {pq_text}", (repr(out.rationales[0]), repr(sc_text), repr(pq_text))
 
 

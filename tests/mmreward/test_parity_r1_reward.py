@@ -17,27 +17,38 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
 import mmreward
 from tests._helpers.parity_record import record_parity
-from tests._helpers.vlm_parity import IMAGE_SPECS, fetch_image, write_image_files
+from tests._helpers.tolerances import assert_close_scaled
+from tests._helpers.vlm_parity import (
+    IMAGE_SPECS,
+    alpha_mode_images,
+    as_transformers4_sees,
+    fetch_image,
+    spy_on_generate,
+    write_image_files,
+)
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
 ORIGINAL = "yfzhang114/r1_reward@176aba8 inference/VL-Reward-Bench/r1_reward.py (make_conv_rm, eval_model)"
 TOKENS = 12
-CASES = ("RGB", "grayscale", "odd size", "RGBA")
-QUESTIONS = ["How many circles are there?", "What colour is the square?", "Describe the image.", ""]
-CHOSEN = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle {left} of a green star", "A photo."]
-REJECTED = ["Two.", "It is blue, I think.", "nothing", "An image of shapes."]
+CASES = ("RGB", "grayscale", "odd size", "RGBA", "LA (grey + alpha)", "P with a transparent index")
+QUESTIONS = ["How many circles are there?", "What colour is the square?", "Describe the image.", "", "Grey?", "Which?"]
+CHOSEN = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle {left} of a green star", "A photo.", "yes",
+          "the left one"]
+REJECTED = ["Two.", "It is blue, I think.", "nothing", "An image of shapes.", "no", "none"]
 
 
 def _fetch_image(path):
-    """qwen_vl_utils `fetch_image` (tests/_helpers/vlm_parity.py): RGBA on white, the one-patch floor when shrinking."""
-    return fetch_image(path, rgba_on_white=True, floor_shrunk_at_one_patch=True)
+    """qwen_vl_utils `fetch_image` (tests/_helpers/vlm_parity.py): RGBA on white, the one-patch floor when shrinking;
+    as the originals' transformers 4.x processor takes it (`as_transformers4_sees`)."""
+    return as_transformers4_sees(fetch_image(path, rgba_on_white=True, floor_shrunk_at_one_patch=True))
 
 
 def _make_conv_rm(prompt, chosen, rejected):
@@ -77,23 +88,30 @@ def _original(folder, paths, questions, chosen, rejected):
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder)).eval()
     processor = AutoProcessor.from_pretrained(str(folder), max_pixels=1003520 // 2)
-    texts, rewards = [], []
+    texts, rewards, pixels = [], [], []
     for path, q, c, r in zip(paths, questions, chosen, rejected):
         qs = _make_conv_rm(q, c, r)
         messages = [{"role": "user", "content": [{"type": "image", "image": path}, {"type": "text", "text": qs}]}]
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         inputs = processor(text=[text], images=[_fetch_image(path)], videos=None, padding=True, return_tensors="pt")
+        pixels.append(inputs["pixel_values"])
         with torch.inference_mode():
             generated_ids = model.generate(**inputs, max_new_tokens=TOKENS)
         trimmed = [out[len(inp):] for inp, out in zip(inputs.input_ids, generated_ids)]
         critic = processor.batch_decode(trimmed, skip_special_tokens=True, clean_up_tokenization_spaces=False)[0]
         texts.append(critic)
         rewards.append(_script_rewards(critic))
-    return texts, rewards
+    return texts, rewards, pixels
 
 
 def _image_files(tmp_path, seed=7):
-    return write_image_files(tmp_path, IMAGE_SPECS, seed=seed, sine_red=False)
+    """IMAGE_SPECS (RGB, grayscale, odd size, RGBA), then LA and palette-with-transparency PNGs, which to_rgb
+    converts without compositing."""
+    paths = write_image_files(tmp_path, IMAGE_SPECS, seed=seed, sine_red=False)
+    for name, im in zip(("la.png", "palette.png"), alpha_mode_images(seed)):
+        im.save(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    return paths
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +129,19 @@ def critic(r1_dir):
 @pytest.mark.parity
 def test_r1_reward_matches_the_original_script(r1_dir, critic, tmp_path):
     paths = _image_files(tmp_path)
-    texts, rewards = _original(r1_dir, paths, QUESTIONS, CHOSEN, REJECTED)
-    out = critic.compare_responses(QUESTIONS, paths, CHOSEN, REJECTED)
+    texts, rewards, pixels = _original(r1_dir, paths, QUESTIONS, CHOSEN, REJECTED)
+    calls = spy_on_generate(critic)
+    try:
+        out = critic.compare_responses(QUESTIONS, paths, CHOSEN, REJECTED)
+    finally:
+        del critic.backend.model.generate  # the spy was set on the instance: the class's method again
+    # the pixels the model gets, every image (the RGBA one on white, LA and P converted as to_rgb does)
+    ours = torch.cat([kwargs["pixel_values"] for kwargs, _ in calls])
+    assert_close_scaled(ours, torch.cat(pixels), rel=1e-6)
+    for i in (-2, -1):  # LA, P: compositing them on white (as an RGBA image) would be far off
+        on_white = fetch_image(Image.open(paths[i]).convert("RGBA"), rgba_on_white=True,
+                               floor_shrunk_at_one_patch=True)
+        assert np.abs(np.asarray(on_white, np.float32) - np.asarray(_fetch_image(paths[i]), np.float32)).max() > 100
     from mmreward.models.r1_reward import make_prompt
 
     assert [make_prompt(*x) for x in zip(QUESTIONS, CHOSEN, REJECTED)] == [

@@ -22,7 +22,13 @@ from torch import nn
 import mmreward
 from tests._helpers.parity_record import record_parity
 from tests._helpers.tolerances import assert_close_scaled
-from tests._helpers.vlm_parity import IMAGE_SPECS, fetch_image, write_image_files
+from tests._helpers.vlm_parity import (
+    IMAGE_SPECS,
+    alpha_mode_images,
+    as_transformers4_sees,
+    fetch_image,
+    write_image_files,
+)
 
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -33,18 +39,21 @@ ORIGINAL = ("Skywork/Skywork-VL-Reward-7B model card (TRL AutoModelForCausalLMWi
 # measured differences are ~1e-7 of the scores; a wrong token, position scheme or resize moves them by >1e-3
 REL = 2e-5
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 112 * 112
-CASES = ("RGB", "grayscale", "odd size", "downscaled", "RGBA")
-QUESTIONS = ["How many circles are there?", "What colour is the square?", "Describe the image.", "", "Is it red?"]
-RESPONSES = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle left of a green star", "A photo.", "no"]
+CASES = ("RGB", "grayscale", "odd size", "downscaled", "RGBA", "LA (grey + alpha)", "P with a transparent index")
+QUESTIONS = ["How many circles are there?", "What colour is the square?", "Describe the image.", "", "Is it red?",
+             "Is it grey?", "How many colours?"]
+RESPONSES = ["There are 3 circles.", "<answer>red</answer>", "a blue triangle left of a green star", "A photo.", "no",
+             "yes", "four"]
 
 
 # ------------------------------------------------------------------------------------------------
 # qwen_vl_utils vision_process.py (QwenLM/Qwen2.5-VL qwen-vl-utils): fetch_image in tests/_helpers/vlm_parity.py
 # ------------------------------------------------------------------------------------------------
 def _process_vision_info(messages):
-    # fetch_image with `to_rgb` (RGBA on white) and the one-patch floor when shrinking
-    return [fetch_image(c["image"], rgba_on_white=True, min_pixels=c["min_pixels"], max_pixels=c["max_pixels"],
-                        floor_shrunk_at_one_patch=True)
+    # fetch_image with `to_rgb` (RGBA on white) and the one-patch floor when shrinking, as the card's transformers
+    # 4.x processor takes it (`as_transformers4_sees`)
+    return [as_transformers4_sees(fetch_image(c["image"], rgba_on_white=True, min_pixels=c["min_pixels"],
+                                              max_pixels=c["max_pixels"], floor_shrunk_at_one_patch=True))
             for m in messages if isinstance(m["content"], list) for c in m["content"] if c.get("type") == "image"]
 
 
@@ -107,9 +116,14 @@ def _original_scores(folder, paths, questions, responses):
 
 
 def _image_files(tmp_path, seed=3):
-    """RGB, grayscale, odd-size RGB, a large RGB image (downscaled by smart_resize) and RGBA, as PNG files."""
+    """RGB, grayscale, odd-size RGB, a large RGB image (downscaled by smart_resize), RGBA, then LA and a palette
+    image with a transparent index (which to_rgb converts without compositing), as PNG files."""
     specs = [*IMAGE_SPECS[:3], ("large.png", "RGB", (150, 133, 3)), ("rgba.png", "RGBA", (45, 45, 4))]
-    return write_image_files(tmp_path, specs, seed=seed, sine_red=True)
+    paths = write_image_files(tmp_path, specs, seed=seed, sine_red=True)
+    for name, im in zip(("la.png", "palette.png"), alpha_mode_images(seed)):
+        im.save(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    return paths
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +148,10 @@ def test_skywork_vl_reward_matches_the_original_path(sky_dir, reward, tmp_path):
                                      not_checked="bf16 on GPU (the card runs bf16, value head in fp32)")
     assert float(expected.max() - expected.min()) > 1e-2  # the tiny model's scores spread: the check has teeth
     assert_close_scaled(got, expected, rel=REL, msg=lambda m: f"{m}\nmax abs {max_abs:.3g}, rel {max_rel:.3g}")
+    # LA and P: compositing them on white (as RGBA images) would move their scores far past the tolerance
+    on_white = _original_scores(sky_dir, [Image.open(p).convert("RGBA") for p in paths[-2:]], QUESTIONS[-2:],
+                                RESPONSES[-2:])
+    assert float((on_white - expected[-2:]).abs().min()) > 100 * REL * float(expected.abs().max())
 
 
 def test_the_score_depends_on_the_response_and_the_image(reward, tmp_path):
