@@ -75,6 +75,10 @@ def test_scoring_of_chunk_k_runs_while_chunk_k_plus_1_is_generated(tmp_path, mon
 
     def timed_rollout(*args, **kwargs):
         t0 = time.perf_counter()
+        # a chunk's generation made >= 0.1 s long: the overlap (chunk 0 scored while chunk 1 is generated) is then
+        # far longer than a thread's wake-up on a loaded machine; at its bare ~30 ms, the two timing assertions
+        # below had ~30 ms of slack against two thread hand-offs (GIL switch interval 5 ms, plus scheduling)
+        time.sleep(0.1)
         out = real(*args, **kwargs)
         spans.append((t0, time.perf_counter()))
         return out
