@@ -124,8 +124,9 @@ def test_two_process_sharding_merges_in_input_order(folder, tmp_path):
     main(["score", "--reward", "jpeg-incompressibility", str(folder), "--out", str(single), "--no-progress"])
     merged = tmp_path / "two.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # --standalone: a free rendezvous port, not a fixed one that another run on the machine may hold
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "mmreward", "score", "--reward", "jpeg-incompressibility", str(folder), "--out", str(merged),
          "--no-progress"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
