@@ -198,6 +198,19 @@ def to_uint8_values(x: torch.Tensor) -> torch.Tensor:
     return (x.float().clamp(0, 1) * 255).round()
 
 
+def qwen_vl_to_rgb(image: torch.Tensor) -> torch.Tensor:
+    """qwen_vl_utils (0.0.9-0.0.14) `to_rgb` on a (C, H, W) [0, 1] image from `prepare` with alpha "keep_rgba":
+    a 4-channel image (PIL mode "RGBA") is pasted on white, `Image.new("RGB", size, white).paste(image,
+    mask=alpha)`, in Pillow's 8-bit arithmetic (libImaging Paste.c BLEND: DIV255(in * a + 255 * (255 - a)) rounds
+    exactly), returning (3, H, W) [0, 1] holding the same 8-bit values; a 3-channel image is returned as is."""
+    if image.shape[0] != 4:
+        return image
+    x = to_uint8_values(image).to(torch.int64)
+    rgb, a = x[:3], x[3:]
+    v = rgb * a + 255 * (255 - a) + 128
+    return (((v >> 8) + v) >> 8).to(torch.float32) / 255
+
+
 def resize_for_qwen(x: torch.Tensor, min_pixels: int, max_pixels: int, method: ResizeMethod = "float") -> torch.Tensor:
     """(..., 3, H, W) to Qwen's smart size.
 

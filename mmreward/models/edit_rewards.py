@@ -39,7 +39,7 @@ its README):
 - transparent images (edited and source): qwen_vl_utils' `to_rgb` pastes an RGBA image on white before the
   resize (every release from 0.0.9 to 0.0.14, read from the PyPI wheels; EditScore's pyproject.toml @ 35ddc1a
   requires `qwen-vl-utils` unpinned and its README passes `Image.open` PNGs straight to `evaluate`), so we
-  composite on white in Pillow's 8-bit arithmetic too (`paste_on_white`), not drop alpha. Only PIL mode "RGBA":
+  composite on white in Pillow's 8-bit arithmetic too (`qwen_vl_to_rgb`), not drop alpha. Only PIL mode "RGBA":
   to_rgb `convert("RGB")`s grey-with-alpha (LA) and palette images with transparency, which drops their alpha,
   and so do we (media alpha "keep_rgba"); 4-channel tensors count as RGBA.
   temperature=0 gives greedy, deterministic rewards. Over HTTP top-p/top-k are the server's.
@@ -59,6 +59,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mmreward.backbones.qwen_vl import qwen_vl_to_rgb
 from mmreward.edit import source_image_list
 from mmreward.errors import CheckpointError, RewardInputError
 from mmreward.models.vlm_heads import HPSV3_TOKEN, QwenVLHeadReward, head_hidden_states, hpsv3_head
@@ -272,15 +273,9 @@ class EditScore(Reward):
 
     @property
     def image_alpha(self) -> str:
-        # keep RGBA's alpha through `prepare`: the original's qwen_vl_utils composites it on white (`_on_white`)
+        # keep RGBA's alpha through `prepare`: the original's qwen_vl_utils composites it on white (`qwen_vl_to_rgb`)
         # only for PIL mode "RGBA": to_rgb convert("RGB")s LA and palette images, dropping their transparency
         return "white_background_if_rgba"
-
-    @staticmethod
-    def _on_white(image: torch.Tensor) -> torch.Tensor:
-        from mmreward.models.skywork_vl_reward import paste_on_white
-
-        return paste_on_white(image) if image.shape[0] == 4 else image
 
     def requests(self, instructions, sources, edited):
         """The (SC, PQ) judge requests of a batch, in the official layout."""
@@ -298,8 +293,8 @@ class EditScore(Reward):
         return scores
 
     def _score(self, prompts, media, metadata=None):
-        sources = [self._on_white(s) for s in source_image_list(metadata, len(prompts), self.name, self.media_alpha)]
-        sc_req, pq_req = self.requests(prompts, sources, [self._on_white(m) for m in media])
+        sources = [qwen_vl_to_rgb(s) for s in source_image_list(metadata, len(prompts), self.name, self.media_alpha)]
+        sc_req, pq_req = self.requests(prompts, sources, [qwen_vl_to_rgb(m) for m in media])
         unit = self.score_range / 10
         nan = float("nan")
         passes = []  # per pass: (follow, consistency, SC, PQ, overall), each (B,)

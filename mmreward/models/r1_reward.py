@@ -125,15 +125,9 @@ class R1Reward(ResponseReward):
 
     @property
     def image_alpha(self) -> str:
-        # keep RGBA's alpha through `prepare`: qwen_vl_utils' to_rgb pastes it on white (`_on_white`)
+        # keep RGBA's alpha through `prepare`: qwen_vl_utils' to_rgb pastes it on white (`qwen_vl_to_rgb`)
         # only for PIL mode "RGBA": to_rgb convert("RGB")s LA and palette images, dropping their transparency
         return "white_background_if_rgba"
-
-    @staticmethod
-    def _on_white(image: torch.Tensor) -> torch.Tensor:
-        from mmreward.models.skywork_vl_reward import paste_on_white
-
-        return paste_on_white(image) if image.shape[0] == 4 else image
 
     def _verdicts(self, questions: list[str], images: list[torch.Tensor], first: list[str], second: list[str]
                   ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -141,9 +135,10 @@ class R1Reward(ResponseReward):
         verdict), the fraction of samples that fell back to 2, and the first sample's text."""
         import inspect
 
+        from mmreward.backbones.qwen_vl import qwen_vl_to_rgb
         from mmreward.judges.backends import JudgeRequest
 
-        requests = [JudgeRequest(make_prompt(q, a, b), [self._on_white(m)]) for q, m, a, b in zip(questions, images, first, second)]
+        requests = [JudgeRequest(make_prompt(q, a, b), [qwen_vl_to_rgb(m)]) for q, m, a, b in zip(questions, images, first, second)]
         if self.mode == "soft":  # P("1") right after an empty analysis: no parse, never fails
             probs = self.backend.choice_probs(requests, SOFT_PREFIX, ["1", "2"])
             return probs[:, 0].float(), torch.zeros(len(requests)), [SOFT_PREFIX] * len(requests)

@@ -54,18 +54,6 @@ class ValueHead(nn.Module):
         return self.summary(hidden_states.to(self.summary.weight.dtype)).squeeze(-1)
 
 
-def paste_on_white(rgba: torch.Tensor) -> torch.Tensor:
-    """qwen_vl_utils `to_rgb` of an RGBA image: `Image.new("RGB", size, white).paste(image, mask=alpha)`, in
-    Pillow's 8-bit arithmetic (libImaging Paste.c BLEND: DIV255(in * a + 255 * (255 - a)) rounds exactly),
-    on (4, H, W) [0, 1] values; returns (3, H, W) in [0, 1] holding the same 8-bit values."""
-    from mmreward.backbones.qwen_vl import to_uint8_values
-
-    x = to_uint8_values(rgba).to(torch.int64)
-    rgb, a = x[:3], x[3:]
-    v = rgb * a + 255 * (255 - a) + 128
-    return (((v >> 8) + v) >> 8).to(torch.float32) / 255
-
-
 class SkyworkVLReward(ResponseReward):
     name = "skywork-vl-reward"
     modalities = ("image",)
@@ -83,18 +71,13 @@ class SkyworkVLReward(ResponseReward):
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
 
     def _images(self, media: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
-        from mmreward.backbones.qwen_vl import resize_for_qwen
+        from mmreward.backbones.qwen_vl import qwen_vl_to_rgb, resize_for_qwen
 
-        out = []
-        for m in media:
-            if m.shape[0] == 4:
-                m = paste_on_white(m)
-            out.append(resize_for_qwen(m, self.min_pixels, self.max_pixels, "pillow"))
-        return out
+        return [resize_for_qwen(qwen_vl_to_rgb(m), self.min_pixels, self.max_pixels, "pillow") for m in media]
 
     @property
     def image_alpha(self) -> str:
-        # keep RGBA's alpha through `prepare`: the original composites it on white (`paste_on_white`)
+        # keep RGBA's alpha through `prepare`: the original composites it on white (`qwen_vl_to_rgb`)
         # only for PIL mode "RGBA": to_rgb convert("RGB")s LA and palette images, dropping their transparency
         return "white_background_if_rgba"
 
