@@ -30,6 +30,20 @@ def _threads():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _reward_registry():
+    # tests register rewards ("test-card-*", guards' probes); left in the process-wide registry they leak into
+    # whichever test file xdist runs next in the same worker (test_bf16's family census counted them), so each test
+    # gets the registry back as it found it
+    from mmreward import registry
+
+    before = registry.specs()  # loads the built-ins first, so restoring never drops them
+    yield
+    if registry.specs() != before:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
+
+
 @pytest.fixture(scope="session")
 def clip_tokenizer_dir(tmp_path_factory):
     """A folder with the real CLIP BPE tokenizer (built from open_clip's shipped vocab) in HF format."""
